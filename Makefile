@@ -1,0 +1,40 @@
+# AMP-RL. `make run` trains the default agent, `make test` runs the tests; both install
+# what they need into .venv first.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PROTOS := $(wildcard protos/amprl/v1/*.proto)
+GENERATED := $(patsubst protos/amprl/v1/%.proto,services/amprl/v1/%_pb2.py,$(PROTOS))
+
+.PHONY: install protos test test-fast bench run chart-check clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# Generated code is committed (so `pip install` needs no protoc) and rebuilt here;
+# tests/unit/test_protos_fresh.py fails when it is stale.
+services/amprl/v1/%_pb2.py: protos/amprl/v1/%.proto $(VENV)/.installed
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -Iprotos --python_out=services --grpc_python_out=services \
+	  --mypy_out=services --mypy_grpc_out=services $<
+
+protos: $(GENERATED)
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+bench: install
+	$(PY) bench/replay.py
+
+run: install
+	$(VENV)/bin/amprl run configs/cartpole-dqn.yaml
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,217 @@
+"""Shared gRPC plumbing: servers with health and reflection, channels with retries, and
+the mapping between ``amprl.errors`` and canonical status codes.
+
+Every AMP-RL server is built by ``create_server`` so that ``grpcurl`` can list and call
+it (server reflection) and Kubernetes probes can ask ``grpc.health.v1.Health``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import signal
+import threading
+from concurrent import futures
+from typing import Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from amprl import errors
+
+log = logging.getLogger(__name__)
+
+# Messages up to 64 MiB: one Atari sample batch of 512 compressed stacks fits easily; a
+# larger message is RESOURCE_EXHAUSTED, which gRPC itself enforces on receive.
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+_KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+_SERVER_KEEPALIVE = [
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+def _message_limits(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes)]
+
+
+def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str = "0.0.0.0",
+                  port: int = 0, max_workers: int = 16,
+                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[grpc.Server, int]:
+    """Builds a server hosting the given servicers plus health and reflection.
+
+    ``register`` holds ``(add_XServicer_to_server, servicer, full_service_name)`` triples.
+    Returns the started server and the bound port (useful with ``port=0``).
+    """
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         options=_message_limits(max_message_bytes) + _SERVER_KEEPALIVE)
+    names = []
+    for add, servicer, name in register:
+        add(servicer, server)
+        names.append(name)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in names + [""]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME], server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind {host}:{port}")
+    server.start()
+    server.health_servicer = health_servicer  # type: ignore[attr-defined]
+    return server, bound
+
+
+def wait_for_termination(server: grpc.Server, grace_s: float = 5.0,
+                         on_stop: Callable[[], None] | None = None) -> None:
+    """Serves until SIGTERM/SIGINT, then marks health NOT_SERVING and stops with grace."""
+    done = threading.Event()
+
+    def _stop(signum, _frame):
+        log.info("signal %d: stopping", signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    done.wait()
+    hs = getattr(server, "health_servicer", None)
+    if hs is not None:
+        hs.enter_graceful_shutdown()
+    if on_stop is not None:
+        on_stop()
+    server.stop(grace_s).wait()
+
+
+_CODES = [
+    (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+]
+
+
+def map_errors(method):
+    """Servicer-method decorator: turns ``amprl.errors`` into canonical status codes.
+
+    Any other exception is logged with its traceback and becomes INTERNAL, so a bug never
+    takes the server down and the caller sees a status instead of a hang. Works for unary
+    and server-streaming methods (generators).
+    """
+    def _abort(context, exc):
+        for cls, code in _CODES:
+            if isinstance(exc, cls):
+                if isinstance(exc, errors.FailedPrecondition) and exc.current_version is not None:
+                    context.set_trailing_metadata((("amprl-current-version", str(exc.current_version)),))
+                context.abort(code, str(exc))
+        log.exception("internal error in %s", method.__name__)
+        context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    if _is_generator(method):
+        @functools.wraps(method)
+        def gen_wrapper(self, request, context):
+            try:
+                yield from method(self, request, context)
+            except errors.AmprlError as exc:
+                _abort(context, exc)
+            except Exception as exc:  # noqa: BLE001 - reported as INTERNAL
+                if isinstance(exc, grpc.RpcError) or context.code() is not None:
+                    raise
+                _abort(context, exc)
+        return gen_wrapper
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except errors.AmprlError as exc:
+            _abort(context, exc)
+        except Exception as exc:  # noqa: BLE001 - reported as INTERNAL
+            if context.code() is not None:  # already aborted by the method itself
+                raise
+            _abort(context, exc)
+    return wrapper
+
+
+def _is_generator(fn) -> bool:
+    import inspect
+    return inspect.isgeneratorfunction(fn)
+
+
+def _retry_service_config(service_names: Iterable[str]) -> str:
+    # Retries only on UNAVAILABLE, and only for the RPCs that are safe to repeat
+    # (declared by the caller): gRPC's own retry machinery with exponential backoff.
+    return json.dumps({
+        "methodConfig": [{
+            "name": [{"service": s} for s in service_names],
+            "retryPolicy": {
+                "maxAttempts": 5,
+                "initialBackoff": "0.1s",
+                "maxBackoff": "2s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }]
+    })
+
+
+def make_channel(address: str, *, retry_services: Iterable[str] = (),
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.Channel:
+    """An insecure channel with keepalive, message limits and UNAVAILABLE retries for
+    ``retry_services`` (fully qualified names, e.g. "amprl.v1.ReplayService")."""
+    options = _message_limits(max_message_bytes) + _KEEPALIVE + [("grpc.enable_retries", 1)]
+    retry_services = list(retry_services)
+    if retry_services:
+        options.append(("grpc.service_config", _retry_service_config(retry_services)))
+    return grpc.insecure_channel(address, options=options)
+
+
+def raise_for_rpc_error(exc: grpc.RpcError) -> None:
+    """Re-raises a client-side RpcError as the matching ``amprl.errors`` exception."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        raise errors.InvalidArgument(details) from exc
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        version = None
+        for key, value in (exc.trailing_metadata() or ()):
+            if key == "amprl-current-version":
+                version = int(value)
+        raise errors.FailedPrecondition(details, current_version=version) from exc
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        raise errors.ResourceExhausted(details) from exc
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        raise errors.DeadlineExceeded(details) from exc
+    if code == grpc.StatusCode.UNAVAILABLE:
+        raise errors.Unavailable(details) from exc
+    raise exc
+
+
+def wait_until_serving(address: str, timeout_s: float = 30.0) -> None:
+    """Blocks until the server at ``address`` answers its health check with SERVING."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            try:
+                r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise errors.Unavailable(f"{address} not serving after {timeout_s:.0f}s")
+            time.sleep(0.05)

@@ -1,0 +1,377 @@
+"""The experiment config: one YAML file maps onto these dataclasses.
+
+Every service reads the same file (a ConfigMap on Kubernetes). ``load_config`` rejects an
+unknown key or a bad value with a ConfigError naming the key, before any process starts.
+Overrides use dotted keys: ``--set learner.batch_size=64``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from amprl.errors import ConfigError
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    """Gymnasium id: classic control ("CartPole-v1"), Atari ("ALE/Pong-v5") or MuJoCo ("HalfCheetah-v5")."""
+    frame_stack: int = 1
+    """Frames per observation (Atari: 4). 1 means the observation is the frame itself."""
+    max_episode_steps: int = 0
+    """Time limit per episode; 0 keeps the environment's own."""
+    atari_noop_max: int = 30
+    """Atari: at most this many no-ops at reset."""
+    atari_frame_skip: int = 4
+    """Atari: repeat each action this many frames, max-pooling the last two."""
+    atari_screen_size: int = 84
+    """Atari: frames are resized to a square of this many pixels, grayscale."""
+    atari_terminal_on_life_loss: bool = True
+    """Atari: training episodes end at a life loss (evaluation never does)."""
+    atari_clip_rewards: bool = True
+    """Atari: training rewards are clipped to their sign (evaluation reports the real score)."""
+    atari_sticky_action_prob: float = 0.25
+    """Atari: probability of repeating the previous action (v5 default)."""
+
+
+@dataclass
+class NetworkConfig:
+    hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])
+    """Hidden layer widths of MLP trunks (vector observations)."""
+    dueling: bool = True
+    """DQN: separate value and advantage heads (Wang et al. 2016)."""
+
+
+@dataclass
+class DQNConfig:
+    gamma: float = 0.99
+    """Discount per environment step."""
+    n_step: int = 3
+    """Return horizon computed by actors (Ape-X: 3)."""
+    double: bool = True
+    """Double DQN: the online network picks the bootstrap action, the target net scores it."""
+    huber_delta: float = 1.0
+    """Huber loss threshold on the TD error."""
+    target_update_period: int = 250
+    """Copy online -> target every this many parameter versions (ignored when tau > 0)."""
+    tau: float = 0.0
+    """Polyak factor for a soft target update every version; 0 = periodic hard copy."""
+
+
+@dataclass
+class TD3Config:
+    gamma: float = 0.99
+    """Discount per environment step."""
+    n_step: int = 1
+    """Return horizon computed by actors."""
+    tau: float = 0.005
+    """Polyak factor of the target networks (Fujimoto et al. 2018)."""
+    policy_delay: int = 2
+    """Actor and targets are updated every this many critic updates."""
+    target_noise: float = 0.2
+    """Std of the target policy smoothing noise, in units of the action half-range."""
+    target_noise_clip: float = 0.5
+    """Clip of the target smoothing noise, in units of the action half-range."""
+    exploration_noise: float = 0.1
+    """Std of the actors' Gaussian exploration noise, in units of the action half-range."""
+    random_steps: int = 1000
+    """Each actor acts uniformly at random for its first this-many env steps."""
+
+
+@dataclass
+class ReplayConfig:
+    capacity: int = 100_000
+    """Transitions kept; beyond it the oldest are evicted (FIFO)."""
+    alpha: float = 0.6
+    """Priority exponent: P(i) = p_i^alpha / sum_j p_j^alpha (Schaul et al. 2016)."""
+    priority_epsilon: float = 1e-6
+    """Added to |TD error|: p_i = |delta_i| + epsilon, so no transition becomes unsampleable."""
+    beta_start: float = 0.4
+    """Importance-sampling exponent at the start of training."""
+    beta_end: float = 1.0
+    """Importance-sampling exponent reached after beta_anneal_updates."""
+    beta_anneal_updates: int = 100_000
+    """Learner updates over which beta goes linearly from beta_start to beta_end."""
+    min_size_to_sample: int = 1000
+    """Sampling waits until the table holds this many transitions."""
+    samples_per_insert: float = 0.0
+    """Target sampled / inserted ratio (Reverb-style rate limiter); 0 disables it."""
+    samples_per_insert_error_buffer: float = 0.0
+    """Allowed deviation from the ratio, in samples; 0 = max(1, min_size * ratio)."""
+    redis_url: str = ""
+    """External Redis ("redis://:password@host:6379/0"); empty = the launcher's embedded one."""
+    cache_max_bytes: int = 2 * 1024**3
+    """Bound on the in-memory copy of stored frames kept in front of Redis."""
+    compression: Literal["auto", "none", "lz4"] = "auto"
+    """Frame compression in Redis: auto = lz4 for image frames, none for vectors."""
+    port: int = 0
+    """Listen port; 0 = any free port (the launcher passes one)."""
+
+
+@dataclass
+class LearnerConfig:
+    batch_size: int = 128
+    """Transitions per update."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Autocast dtype of the forward pass; fp16 adds a GradScaler (init 65536, x2 every 2000)."""
+    device: str = "auto"
+    """"auto" = CUDA when present, else CPU; or an explicit torch device string."""
+    grad_clip_norm: float = 10.0
+    """Global L2 gradient-norm clip; the pre-clip norm is recorded."""
+    prefetch_batches: int = 4
+    """Sampled batches kept ready in the background."""
+    max_pushes_in_flight: int = 2
+    """Gradient pushes awaiting the parameter server's reply before the learner waits."""
+    grad_encoding: Literal["fp32", "bf16", "fp16", "onebit"] = "fp32"
+    """Encoding of pushed gradients."""
+    onebit_block_size: int = 256
+    """Elements per scale block of the 1-bit encoding."""
+    onebit_min_elements: int = 1024
+    """Tensors smaller than this (biases) are sent dense (fp32), where 1 bit saves ~nothing."""
+    torch_threads: int = 1
+    """torch.set_num_threads for the learner process."""
+    port: int = 0
+    """Status (Info) port; 0 = any."""
+
+
+@dataclass
+class ParamServerConfig:
+    optimizer: Literal["adam"] = "adam"
+    """Optimizer owned by the server."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    adam_eps: float = 1e-8
+    """Adam epsilon (Ape-X uses 1.5e-4 with a smaller lr on Atari)."""
+    max_staleness: int = 16
+    """Gradients older than this many versions are rejected with FAILED_PRECONDITION."""
+    staleness_scaling: bool = False
+    """Scale an accepted stale gradient by 1 / (1 + staleness)."""
+    checkpoint_interval_s: float = 30.0
+    """Seconds between checkpoints (also one at shutdown); 0 disables them."""
+    checkpoint_dir: str = ""
+    """Where checkpoints go; empty = <run_dir>/checkpoints."""
+    checkpoints_kept: int = 2
+    """Newest checkpoints kept on disk."""
+    port: int = 0
+    """Listen port; 0 = any."""
+
+
+@dataclass
+class ActorConfig:
+    num_actors: int = 2
+    """Actor processes `amprl run` starts."""
+    envs_per_actor: int = 4
+    """Environments each actor steps as one batch."""
+    epsilon_base: float = 0.4
+    """Ape-X: eps_i = epsilon_base ** (1 + epsilon_alpha * u_i), u_i from a hash of the actor id."""
+    epsilon_alpha: float = 7.0
+    """Ape-X exponent range (Horgan et al. 2018: 0.4 and 7)."""
+    chunk_transitions: int = 64
+    """Transitions per chunk sent to replay."""
+    weight_refresh_steps: int = 400
+    """Env steps between weight pulls (a watch notification also triggers one)."""
+    torch_threads: int = 1
+    """torch threads per actor process."""
+
+
+@dataclass
+class EvaluatorConfig:
+    interval_s: float = 5.0
+    """Seconds between evaluations (each starts when new weights exist)."""
+    episodes: int = 10
+    """Greedy episodes per evaluation."""
+    epsilon: float = 0.0
+    """Exploration during evaluation (Atari convention: 0.001-0.05)."""
+    port: int = 0
+    """Status (Info) port; 0 = any."""
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    """Run seed; every actor and env derives its seed from it and the actor id."""
+    total_env_steps: int = 100_000
+    """Step budget of the whole actor fleet."""
+    target_return: float = 475.0
+    """Eval mean return that counts as solved."""
+    stop_at_target: bool = True
+    """Stop the run when the eval return first reaches target_return."""
+    max_wall_seconds: float = 0.0
+    """Stop after this many seconds; 0 = no limit."""
+    run_dir: str = "runs"
+    """Parent folder of the run folders."""
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "experiment"
+    """Name of the experiment (used in the run folder name)."""
+    algo: Literal["dqn", "td3"] = "dqn"
+    """Algorithm family."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    dqn: DQNConfig = field(default_factory=DQNConfig)
+    td3: TD3Config = field(default_factory=TD3Config)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    paramserver: ParamServerConfig = field(default_factory=ParamServerConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def n_step(self) -> int:
+        return self.dqn.n_step if self.algo == "dqn" else self.td3.n_step
+
+    @property
+    def gamma(self) -> float:
+        return self.dqn.gamma if self.algo == "dqn" else self.td3.gamma
+
+
+# Range checks: dotted key -> (predicate, reason).
+_CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
+    "env.frame_stack": (lambda v: v >= 1, "must be >= 1"),
+    "replay.capacity": (lambda v: v >= 1, "must be a positive integer"),
+    "replay.alpha": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "replay.priority_epsilon": (lambda v: v > 0, "must be > 0"),
+    "replay.beta_start": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "replay.beta_end": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "replay.min_size_to_sample": (lambda v: v >= 1, "must be >= 1"),
+    "replay.samples_per_insert": (lambda v: v >= 0, "must be >= 0"),
+    "replay.cache_max_bytes": (lambda v: v >= 0, "must be >= 0"),
+    "learner.batch_size": (lambda v: v >= 1, "must be >= 1"),
+    "learner.grad_clip_norm": (lambda v: v > 0, "must be > 0"),
+    "learner.prefetch_batches": (lambda v: v >= 1, "must be >= 1"),
+    "learner.max_pushes_in_flight": (lambda v: v >= 1, "must be >= 1"),
+    "learner.onebit_block_size": (lambda v: v >= 1, "must be >= 1"),
+    "paramserver.lr": (lambda v: v > 0, "must be > 0"),
+    "paramserver.max_staleness": (lambda v: v >= 0, "must be >= 0"),
+    "actor.num_actors": (lambda v: v >= 0, "must be >= 0"),
+    "actor.envs_per_actor": (lambda v: v >= 1, "must be >= 1"),
+    "actor.epsilon_base": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "actor.chunk_transitions": (lambda v: v >= 1, "must be >= 1"),
+    "dqn.gamma": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "dqn.n_step": (lambda v: v >= 1, "must be >= 1"),
+    "dqn.tau": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "dqn.target_update_period": (lambda v: v >= 1, "must be >= 1"),
+    "td3.gamma": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "td3.n_step": (lambda v: v >= 1, "must be >= 1"),
+    "td3.tau": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "td3.policy_delay": (lambda v: v >= 1, "must be >= 1"),
+    "evaluator.episodes": (lambda v: v >= 1, "must be >= 1"),
+    "evaluator.interval_s": (lambda v: v > 0, "must be > 0"),
+    "run.total_env_steps": (lambda v: v >= 1, "must be >= 1"),
+}
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return _build(tp, value, key + ".")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]} (known: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Applies ``key.sub=value`` strings (values parsed as YAML scalars) onto ``data``."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value")
+        key, text = item.split("=", 1)
+        node = data
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key}: {p} is not a section")
+        node[parts[-1]] = _parse_scalar(text)
+    return data
+
+
+def validate(cfg: ExperimentConfig) -> ExperimentConfig:
+    for key, (ok, reason) in _CHECKS.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if not ok(value):
+            raise ConfigError(f"{key}: {value!r} {reason}")
+    if cfg.replay.min_size_to_sample > cfg.replay.capacity:
+        raise ConfigError(f"replay.min_size_to_sample: {cfg.replay.min_size_to_sample} exceeds "
+                          f"replay.capacity ({cfg.replay.capacity})")
+    if cfg.learner.batch_size > cfg.replay.capacity:
+        raise ConfigError(f"learner.batch_size: {cfg.learner.batch_size} exceeds replay.capacity")
+    return cfg
+
+
+def config_from_dict(data: dict) -> ExperimentConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("config: the top level must be a mapping")
+    return validate(_build(ExperimentConfig, data))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Reads a YAML experiment file (or the defaults), applies overrides, validates."""
+    data: dict = {}
+    if path is not None:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+    data = apply_overrides(data, list(overrides or []))
+    return config_from_dict(data)
+
+
+def config_to_dict(cfg: ExperimentConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
