@@ -1,0 +1,72 @@
+"""Flag and environment parsing shared by every service's ``__main__``.
+
+Each service accepts the same base flags; on Kubernetes the same values come from the
+environment (a flag wins over its variable):
+
+  --config PATH        AMPRL_CONFIG              experiment YAML (the ConfigMap)
+  --set KEY=VALUE      AMPRL_SET (";"-separated)  config overrides, repeatable
+  --host HOST          AMPRL_HOST                listen address (default 0.0.0.0)
+  --port PORT          AMPRL_PORT                listen port (0 = any free port)
+  --replay ADDR        AMPRL_REPLAY_ADDRESS      replay service host:port
+  --paramserver ADDR   AMPRL_PARAMSERVER_ADDRESS parameter server host:port
+  --redis-url URL      AMPRL_REDIS_URL           redis://[:password@]host:port/db
+                       AMPRL_REDIS_PASSWORD      password, if not in the URL
+  --id NAME            AMPRL_ID / HOSTNAME       identity (actor id; the pod name on k8s)
+  --run-dir DIR        AMPRL_RUN_DIR             run folder (checkpoints, logs, eval history)
+  --port-file PATH                               write the bound port here once serving
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from amprl.config import ExperimentConfig, load_config
+
+
+def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    env = os.environ.get
+    p.add_argument("--config", default=env("AMPRL_CONFIG"), help="experiment YAML")
+    p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE",
+                   default=[s for s in env("AMPRL_SET", "").split(";") if s],
+                   help="config override, e.g. learner.batch_size=64 (repeatable)")
+    p.add_argument("--host", default=env("AMPRL_HOST", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=int(env("AMPRL_PORT", "0")))
+    p.add_argument("--replay", default=env("AMPRL_REPLAY_ADDRESS", ""), help="replay host:port")
+    p.add_argument("--paramserver", default=env("AMPRL_PARAMSERVER_ADDRESS", ""),
+                   help="parameter server host:port")
+    p.add_argument("--redis-url", default=env("AMPRL_REDIS_URL", ""))
+    p.add_argument("--id", default=env("AMPRL_ID") or env("HOSTNAME") or socket.gethostname())
+    p.add_argument("--run-dir", default=env("AMPRL_RUN_DIR", ""))
+    p.add_argument("--port-file", default="", help="write the bound port to this file")
+    p.add_argument("--log-level", default=env("AMPRL_LOG_LEVEL", "INFO"))
+    return p
+
+
+def redis_url_with_password(url: str) -> str:
+    """Adds AMPRL_REDIS_PASSWORD to a URL that carries none."""
+    password = os.environ.get("AMPRL_REDIS_PASSWORD", "")
+    if password and url.startswith("redis://") and "@" not in url:
+        return "redis://:" + password + "@" + url[len("redis://"):]
+    return url
+
+
+def setup(args: argparse.Namespace, name: str) -> ExperimentConfig:
+    """Logging + the validated config of a service process."""
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    return load_config(args.config, args.overrides)
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Atomically writes the bound port so a launcher can read it once it exists."""
+    if not path:
+        return
+    tmp = Path(path + ".tmp")
+    tmp.write_text(str(port))
+    tmp.replace(path)
