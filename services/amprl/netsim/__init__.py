@@ -1,0 +1,17 @@
+"""Network simulation for tests and benchmarks: a TCP delay relay (``relay``) and Linux
+network-namespace topologies (``netns``) that place services on separate "hosts" with real
+addresses and real latency on one machine. The pytest fixture lives in ``pytest_plugin``.
+"""
+
+__all__ = ["DelayRelay", "Host", "Topology"]
+
+
+def __getattr__(name: str):
+    # Lazy, so that `python -m amprl.netsim.relay` does not import the module twice.
+    if name == "DelayRelay":
+        from amprl.netsim.relay import DelayRelay
+        return DelayRelay
+    if name in ("Host", "Topology"):
+        from amprl.netsim import netns
+        return getattr(netns, name)
+    raise AttributeError(f"module 'amprl.netsim' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+pytest_plugins = ["amprl.netsim.pytest_plugin"]
