@@ -65,7 +65,11 @@ class PushGradientsRequest(_message.Message):
     """Transitions in the batch the gradient was computed on (for Info)."""
     @_builtins.property
     def gradients(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.CompressedTensor]:
-        """One entry per model parameter, named as in the model's state dict."""
+        """One entry per stepped parameter, named as in the model's state dict; each name at most
+        once. May be a subset of the model's parameters (TD3 pushes critic-only gradients
+        between actor updates): absent parameters are not stepped and their Adam state
+        (moments, step count) is untouched.
+        """
 
     def __init__(
         self,
@@ -198,7 +202,9 @@ class WatchParametersRequest(_message.Message):
     HAVE_VERSION_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     have_version: _builtins.int
-    """Version the caller holds; the first message is sent at once if it differs."""
+    """Version the caller holds; the first message is sent at once if it differs (0 = none:
+    the current version is sent at once).
+    """
     client_id: _builtins.str
     """Identity of the caller; counted in Info."""
     def __init__(

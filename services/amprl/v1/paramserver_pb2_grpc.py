@@ -72,10 +72,12 @@ class ParameterServiceServicer:
     """
 
     def PushGradients(self, request, context):
-        """Applies one gradient (all parameters of the model, each in one encoding).
-        INVALID_ARGUMENT for unknown, missing or duplicate names, shapes that differ from the
-        model's, a bad encoding, or NaN/Inf values (weights stay untouched);
-        FAILED_PRECONDITION when the gradient is too stale (the message carries the version).
+        """Applies one gradient: all of the model's parameters or a subset of them (each in one
+        encoding); parameters absent from the push are not stepped. INVALID_ARGUMENT for an
+        empty push, unknown or duplicate names, shapes that differ from the model's, a bad
+        encoding, or NaN/Inf values (weights and optimizer state stay untouched);
+        FAILED_PRECONDITION when the gradient is too stale, or its base_version is ahead of the
+        server's (the trailing metadata key "amprl-current-version" carries the version).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -43,10 +43,12 @@ class ParameterServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ParameterServiceAsyncStub: ...
     PushGradients: _grpc.UnaryUnaryMultiCallable[_paramserver_pb2.PushGradientsRequest, _paramserver_pb2.PushGradientsResponse]
-    """Applies one gradient (all parameters of the model, each in one encoding).
-    INVALID_ARGUMENT for unknown, missing or duplicate names, shapes that differ from the
-    model's, a bad encoding, or NaN/Inf values (weights stay untouched);
-    FAILED_PRECONDITION when the gradient is too stale (the message carries the version).
+    """Applies one gradient: all of the model's parameters or a subset of them (each in one
+    encoding); parameters absent from the push are not stepped. INVALID_ARGUMENT for an
+    empty push, unknown or duplicate names, shapes that differ from the model's, a bad
+    encoding, or NaN/Inf values (weights and optimizer state stay untouched);
+    FAILED_PRECONDITION when the gradient is too stale, or its base_version is ahead of the
+    server's (the trailing metadata key "amprl-current-version" carries the version).
     """
     PullParameters: _grpc.UnaryStreamMultiCallable[_paramserver_pb2.PullParametersRequest, _paramserver_pb2.PullParametersResponse]
     """Returns the weights if the server's version differs from have_version, else only the
@@ -73,10 +75,12 @@ class ParameterServiceAsyncStub(ParameterServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     PushGradients: _aio.UnaryUnaryMultiCallable[_paramserver_pb2.PushGradientsRequest, _paramserver_pb2.PushGradientsResponse]  # type: ignore[assignment]
-    """Applies one gradient (all parameters of the model, each in one encoding).
-    INVALID_ARGUMENT for unknown, missing or duplicate names, shapes that differ from the
-    model's, a bad encoding, or NaN/Inf values (weights stay untouched);
-    FAILED_PRECONDITION when the gradient is too stale (the message carries the version).
+    """Applies one gradient: all of the model's parameters or a subset of them (each in one
+    encoding); parameters absent from the push are not stepped. INVALID_ARGUMENT for an
+    empty push, unknown or duplicate names, shapes that differ from the model's, a bad
+    encoding, or NaN/Inf values (weights and optimizer state stay untouched);
+    FAILED_PRECONDITION when the gradient is too stale, or its base_version is ahead of the
+    server's (the trailing metadata key "amprl-current-version" carries the version).
     """
     PullParameters: _aio.UnaryStreamMultiCallable[_paramserver_pb2.PullParametersRequest, _paramserver_pb2.PullParametersResponse]  # type: ignore[assignment]
     """Returns the weights if the server's version differs from have_version, else only the
@@ -106,10 +110,12 @@ class ParameterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _paramserver_pb2.PushGradientsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_paramserver_pb2.PushGradientsResponse, _abc.Awaitable[_paramserver_pb2.PushGradientsResponse]]:
-        """Applies one gradient (all parameters of the model, each in one encoding).
-        INVALID_ARGUMENT for unknown, missing or duplicate names, shapes that differ from the
-        model's, a bad encoding, or NaN/Inf values (weights stay untouched);
-        FAILED_PRECONDITION when the gradient is too stale (the message carries the version).
+        """Applies one gradient: all of the model's parameters or a subset of them (each in one
+        encoding); parameters absent from the push are not stepped. INVALID_ARGUMENT for an
+        empty push, unknown or duplicate names, shapes that differ from the model's, a bad
+        encoding, or NaN/Inf values (weights and optimizer state stay untouched);
+        FAILED_PRECONDITION when the gradient is too stale, or its base_version is ahead of the
+        server's (the trailing metadata key "amprl-current-version" carries the version).
         """
 
     @_abc_1.abstractmethod

@@ -8,8 +8,10 @@ is rebuilt from Redis when the service restarts.
 """
 
 from amprl.v1 import tensor_pb2 as _tensor_pb2
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -39,6 +41,7 @@ class TransitionBatch(_message.Message):
     ACTIONS_FIELD_NUMBER: _builtins.int
     REWARDS_FIELD_NUMBER: _builtins.int
     DISCOUNTS_FIELD_NUMBER: _builtins.int
+    LZ4_FRAMES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def frames(self) -> _tensor_pb2.Tensor:
         """Distinct frames, shape [F, *frame_shape], dtype as the run's observation spec."""
@@ -65,6 +68,14 @@ class TransitionBatch(_message.Message):
         the n steps (truncation keeps gamma^k, so time limits bootstrap).
         """
 
+    @_builtins.property
+    def lz4_frames(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Sample responses only, for image frames: the F frames compressed, one LZ4 block
+        (no size header) per frame, each decoding to prod(frame_shape) * itemsize bytes.
+        When set, frames carries dtype and shape [F, *frame_shape] with empty data.
+        Insert rejects it (INVALID_ARGUMENT): actors send raw frames.
+        """
+
     def __init__(
         self,
         *,
@@ -74,10 +85,11 @@ class TransitionBatch(_message.Message):
         actions: _tensor_pb2.Tensor | None = ...,
         rewards: _tensor_pb2.Tensor | None = ...,
         discounts: _tensor_pb2.Tensor | None = ...,
+        lz4_frames: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "discounts", b"discounts", "frames", b"frames", "next_obs_frame_indices", b"next_obs_frame_indices", "obs_frame_indices", b"obs_frame_indices", "rewards", b"rewards"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "discounts", b"discounts", "frames", b"frames", "next_obs_frame_indices", b"next_obs_frame_indices", "obs_frame_indices", b"obs_frame_indices", "rewards", b"rewards"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "discounts", b"discounts", "frames", b"frames", "lz4_frames", b"lz4_frames", "next_obs_frame_indices", b"next_obs_frame_indices", "obs_frame_indices", b"obs_frame_indices", "rewards", b"rewards"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -62,10 +62,12 @@ class ReplayServiceServicer:
     """
 
     def Insert(self, request_iterator, context):
-        """Streams chunks from one actor. Each chunk is validated, then written to Redis in one
-        transaction before the next one is read; the response counts what is durably stored.
-        A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that chunk
-        (chunks before it in the stream stay stored; the message says how many).
+        """Streams chunks from one actor. Each chunk is validated as it arrives; consecutive
+        chunks are written to Redis together, one transaction per group (up to 4096
+        transitions, 8 MiB of frames or 50 ms of stream), and all of them before the response,
+        which counts what is durably stored. A chunk becomes sampleable when its group is
+        written. A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that
+        chunk (chunks before it in the stream are stored; the message says how many).
         A chunk that would break the samples-per-insert ratio waits, up to the call's deadline
         (then DEADLINE_EXCEEDED).
         """

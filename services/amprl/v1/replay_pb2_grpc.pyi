@@ -38,10 +38,12 @@ class ReplayServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ReplayServiceAsyncStub: ...
     Insert: _grpc.StreamUnaryMultiCallable[_replay_pb2.InsertRequest, _replay_pb2.InsertResponse]
-    """Streams chunks from one actor. Each chunk is validated, then written to Redis in one
-    transaction before the next one is read; the response counts what is durably stored.
-    A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that chunk
-    (chunks before it in the stream stay stored; the message says how many).
+    """Streams chunks from one actor. Each chunk is validated as it arrives; consecutive
+    chunks are written to Redis together, one transaction per group (up to 4096
+    transitions, 8 MiB of frames or 50 ms of stream), and all of them before the response,
+    which counts what is durably stored. A chunk becomes sampleable when its group is
+    written. A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that
+    chunk (chunks before it in the stream are stored; the message says how many).
     A chunk that would break the samples-per-insert ratio waits, up to the call's deadline
     (then DEADLINE_EXCEEDED).
     """
@@ -63,10 +65,12 @@ class ReplayServiceAsyncStub(ReplayServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Insert: _aio.StreamUnaryMultiCallable[_replay_pb2.InsertRequest, _replay_pb2.InsertResponse]  # type: ignore[assignment]
-    """Streams chunks from one actor. Each chunk is validated, then written to Redis in one
-    transaction before the next one is read; the response counts what is durably stored.
-    A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that chunk
-    (chunks before it in the stream stay stored; the message says how many).
+    """Streams chunks from one actor. Each chunk is validated as it arrives; consecutive
+    chunks are written to Redis together, one transaction per group (up to 4096
+    transitions, 8 MiB of frames or 50 ms of stream), and all of them before the response,
+    which counts what is durably stored. A chunk becomes sampleable when its group is
+    written. A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that
+    chunk (chunks before it in the stream are stored; the message says how many).
     A chunk that would break the samples-per-insert ratio waits, up to the call's deadline
     (then DEADLINE_EXCEEDED).
     """
@@ -91,10 +95,12 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_replay_pb2.InsertRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_replay_pb2.InsertResponse, _abc.Awaitable[_replay_pb2.InsertResponse]]:
-        """Streams chunks from one actor. Each chunk is validated, then written to Redis in one
-        transaction before the next one is read; the response counts what is durably stored.
-        A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that chunk
-        (chunks before it in the stream stay stored; the message says how many).
+        """Streams chunks from one actor. Each chunk is validated as it arrives; consecutive
+        chunks are written to Redis together, one transaction per group (up to 4096
+        transitions, 8 MiB of frames or 50 ms of stream), and all of them before the response,
+        which counts what is durably stored. A chunk becomes sampleable when its group is
+        written. A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that
+        chunk (chunks before it in the stream are stored; the message says how many).
         A chunk that would break the samples-per-insert ratio waits, up to the call's deadline
         (then DEADLINE_EXCEEDED).
         """

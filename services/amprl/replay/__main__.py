@@ -1,0 +1,70 @@
+"""The replay service process: ``python -m amprl.replay`` / ``amprl replay``.
+
+Builds the EnvSpec from the config's env, opens the table in Redis (``--redis-url``, or an
+embedded redis-server in ``<run-dir>/redis`` when none is given), serves until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from amprl.common import cli
+from amprl.common.grpcutil import wait_for_termination
+from amprl.common.redis_server import EmbeddedRedis
+from amprl.envs.factory import env_spec
+from amprl.envs.spec import EnvSpec
+from amprl.errors import ConfigError
+from amprl.replay.service import create_server
+
+log = logging.getLogger("amprl.replay")
+
+
+def spec_from_json(text: str) -> EnvSpec:
+    d = json.loads(text)
+    try:
+        return EnvSpec(frame_shape=tuple(d["frame_shape"]), frame_dtype=np.dtype(d["frame_dtype"]),
+                       frame_stack=int(d.get("frame_stack", 1)), discrete=bool(d["discrete"]),
+                       num_actions=int(d.get("num_actions", 0)),
+                       action_dim=int(d.get("action_dim", 0)))
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"--spec-json: {exc}; expected frame_shape, frame_dtype, discrete, ...") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.base_parser("amprl replay", "Prioritized replay service (gRPC) backed by Redis.")
+    parser.add_argument("--prefix", default="amprl:replay:default",
+                        help="Redis key prefix of the table (one per shard sharing a Redis)")
+    parser.add_argument("--seed", type=int, default=None, help="sampling RNG seed")
+    parser.add_argument("--spec-json", default="",
+                        help="EnvSpec fields as JSON (frame_shape, frame_dtype, frame_stack, "
+                             "discrete, num_actions, action_dim) instead of building cfg.env; "
+                             "for benchmarks and replay hosts without the env's suite")
+    args = parser.parse_args(argv)
+    cfg = cli.setup(args, "replay")
+    spec = spec_from_json(args.spec_json) if args.spec_json else env_spec(cfg.env)
+    port = args.port or cfg.replay.port
+    redis_url = cli.redis_url_with_password(args.redis_url or cfg.replay.redis_url)
+    embedded = None
+    if not redis_url:
+        run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="amprl-replay-"))
+        embedded = EmbeddedRedis(run_dir / "redis")
+        redis_url = embedded.url
+    try:
+        server, bound, table = create_server(cfg, spec, redis_url, args.host, port, seed=args.seed)
+        cli.write_port_file(args.port_file, bound)
+        log.info("replay ready on port %d (redis %s)", bound, redis_url.split("@")[-1])
+        wait_for_termination(server)
+        table.storage.close()
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

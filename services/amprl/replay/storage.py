@@ -1,0 +1,226 @@
+"""The Redis layout of a replay table, and the only module that talks to Redis.
+
+Every key starts with a prefix (``amprl:replay:<table>``, written ``{p}`` below):
+
+    {p}:layout        string  JSON of what the data was written with (frame shape and dtype,
+                              stack, actions, capacity, compression); checked when the table
+                              opens, so a restarted service never misreads old data.
+    {p}:counters      hash    next_key, oldest_key, next_chunk, oldest_chunk, next_frame,
+                              inserted_total, env_steps_total, sampled_total,
+                              priority_updates_total (decimal integers).
+    {p}:chunk:<id>    hash    meta: a fixed header and the chunk's arrays (see ChunkMeta);
+                              frames: the chunk's F frames, each encoded on its own (lz4
+                              block or raw bytes) and concatenated; meta holds the offsets.
+    {p}:priorities    string  capacity x 4 bytes: the priority p_i of slot i as a big-endian
+                              float32, so one BITFIELD SET u32 #slot ... command rewrites a
+                              batch of scattered slots.
+
+A transition's key is a monotonically increasing int64; its slot is key % capacity. The live
+keys are exactly [oldest_key, next_key) and the live chunks [oldest_chunk, next_chunk), so
+the whole index is rebuilt from the counters, the chunk metas and the priorities string.
+An insert writes the chunk, its priorities, the counters and the deletion of chunks that
+eviction emptied in ONE MULTI/EXEC transaction before it is acknowledged: Redis applies
+all of it or none, whenever the replay process dies.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import redis
+
+from amprl.errors import FailedPrecondition, Unavailable
+
+COUNTERS = ("next_key", "oldest_key", "next_chunk", "oldest_chunk", "next_frame",
+            "inserted_total", "env_steps_total", "sampled_total", "priority_updates_total")
+
+_HEADER = struct.Struct("<4sqqqIIII")  # magic, chunk id, first key, frame base, T, F, stack, action width
+_MAGIC = b"AMC1"
+_LOAD_BATCH = 512  # chunks per pipelined round trip when rebuilding
+
+
+@dataclass
+class ChunkMeta:
+    """Everything about a stored chunk except its frames."""
+
+    chunk_id: int
+    first_key: int
+    """Key of the chunk's first transition; its T transitions have consecutive keys."""
+    frame_base: int
+    """Global id of the chunk's first frame; its F frames have consecutive ids."""
+    obs_idx: np.ndarray
+    """int32 [T, stack], indices into the chunk's frames."""
+    next_obs_idx: np.ndarray
+    actions: np.ndarray
+    """int64 [T] or float32 [T, action_dim]."""
+    rewards: np.ndarray
+    discounts: np.ndarray
+    frame_offsets: np.ndarray
+    """int64 [F + 1]: frame f is frames_blob[offsets[f]:offsets[f + 1]]."""
+
+    @property
+    def num_transitions(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.frame_offsets.shape[0]) - 1
+
+    def encode(self) -> bytes:
+        t, stack = self.obs_idx.shape
+        width = 0 if self.actions.ndim == 1 else int(self.actions.shape[1])
+        header = _HEADER.pack(_MAGIC, self.chunk_id, self.first_key, self.frame_base, t,
+                              self.num_frames, stack, width)
+        return b"".join((header,
+                         np.ascontiguousarray(self.obs_idx, "<i4").tobytes(),
+                         np.ascontiguousarray(self.next_obs_idx, "<i4").tobytes(),
+                         np.ascontiguousarray(self.actions, "<i8" if width == 0 else "<f4").tobytes(),
+                         np.ascontiguousarray(self.rewards, "<f4").tobytes(),
+                         np.ascontiguousarray(self.discounts, "<f4").tobytes(),
+                         np.ascontiguousarray(self.frame_offsets, "<i8").tobytes()))
+
+    @classmethod
+    def decode(cls, blob: bytes) -> "ChunkMeta":
+        magic, cid, first, fbase, t, f, stack, width = _HEADER.unpack_from(blob, 0)
+        if magic != _MAGIC:
+            raise FailedPrecondition(f"chunk meta with magic {magic!r}, expected {_MAGIC!r}")
+        pos = _HEADER.size
+
+        def take(dtype: str, count: int) -> np.ndarray:
+            nonlocal pos
+            a = np.frombuffer(blob, dtype=dtype, count=count, offset=pos)
+            pos += a.nbytes
+            return a
+
+        obs = take("<i4", t * stack).reshape(t, stack)
+        nxt = take("<i4", t * stack).reshape(t, stack)
+        actions = take("<i8", t) if width == 0 else take("<f4", t * width).reshape(t, width)
+        rewards = take("<f4", t)
+        discounts = take("<f4", t)
+        offsets = take("<i8", f + 1)
+        return cls(cid, first, fbase, obs, nxt, actions, rewards, discounts, offsets)
+
+
+def _unavailable(exc: Exception) -> Unavailable:
+    return Unavailable(f"redis: {type(exc).__name__}: {exc}")
+
+
+class ReplayStorage:
+    """Reads and writes one table's keys; every write is a single MULTI/EXEC."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "amprl:replay:default"):
+        self.redis = client
+        self.prefix = prefix
+        self._counters = f"{prefix}:counters"
+        self._priorities = f"{prefix}:priorities"
+        self._layout = f"{prefix}:layout"
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "amprl:replay:default") -> "ReplayStorage":
+        return cls(redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10,
+                                        health_check_interval=30), prefix)
+
+    def chunk_key(self, chunk_id: int) -> str:
+        return f"{self.prefix}:chunk:{chunk_id}"
+
+    def close(self) -> None:
+        self.redis.close()
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def write_chunk(self, meta: bytes, chunk_id: int, frames: bytes,
+                    priority_ranges: Sequence[tuple[int, np.ndarray]], counters: dict[str, int],
+                    delete_chunks: Iterable[int]) -> None:
+        """Stores a chunk, its slots' priorities (``(first_slot, float32 values)`` ranges),
+        the counters, and deletes emptied chunks: all or nothing."""
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hset(self.chunk_key(chunk_id), mapping={"meta": meta, "frames": frames})
+            for slot, values in priority_ranges:
+                pipe.setrange(self._priorities, 4 * int(slot), values.astype(">f4").tobytes())
+            pipe.hset(self._counters, mapping=counters)
+            dead = [self.chunk_key(c) for c in delete_chunks]
+            if dead:
+                pipe.delete(*dead)
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+
+    def write_priorities(self, slots: np.ndarray, priorities: np.ndarray,
+                         counters: dict[str, int]) -> None:
+        """Sets scattered slots' priorities with one BITFIELD command, plus the counters."""
+        bits = np.asarray(priorities, dtype=">f4").view(">u4").astype(np.int64)
+        args: list = []
+        for slot, value in zip(np.asarray(slots).tolist(), bits.tolist()):
+            args += ("SET", "u32", f"#{slot}", value)
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            if args:
+                pipe.execute_command("BITFIELD", self._priorities, *args)
+            pipe.hset(self._counters, mapping=counters)
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+
+    def write_layout(self, layout: dict) -> None:
+        try:
+            self.redis.set(self._layout, json.dumps(layout, sort_keys=True))
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def load_layout(self) -> dict | None:
+        try:
+            raw = self.redis.get(self._layout)
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+        return None if raw is None else json.loads(raw)
+
+    def load_counters(self) -> dict[str, int]:
+        try:
+            raw = self.redis.hgetall(self._counters)
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+        return {name: int(raw.get(name.encode(), 0)) for name in COUNTERS}
+
+    def load_priorities(self, capacity: int) -> np.ndarray:
+        """float32 [capacity] (slots never written read as 0)."""
+        try:
+            raw = self.redis.get(self._priorities) or b""
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+        out = np.zeros(capacity, dtype=np.float32)
+        n = min(len(raw) // 4, capacity)
+        out[:n] = np.frombuffer(raw, dtype=">f4", count=n)
+        return out
+
+    def _hget_many(self, chunk_ids: Sequence[int], field: str) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        try:
+            for i in range(0, len(chunk_ids), _LOAD_BATCH):
+                pipe = self.redis.pipeline(transaction=False)
+                for cid in chunk_ids[i:i + _LOAD_BATCH]:
+                    pipe.hget(self.chunk_key(cid), field)
+                out.extend(pipe.execute())
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+        return out
+
+    def load_metas(self, chunk_ids: Sequence[int]) -> list[ChunkMeta | None]:
+        return [None if b is None else ChunkMeta.decode(b)
+                for b in self._hget_many(chunk_ids, "meta")]
+
+    def load_frames(self, chunk_ids: Sequence[int]) -> list[bytes | None]:
+        """The chunks' concatenated encoded frames (None for a chunk that is gone)."""
+        return self._hget_many(chunk_ids, "frames")
+
+    def used_memory(self) -> int:
+        try:
+            return int(self.redis.info("memory")["used_memory"])
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc

@@ -1,0 +1,596 @@
+"""The replay table: prioritized, FIFO-evicted, persisted in Redis, indexed in memory.
+
+Concepts
+--------
+*Keys.* Every transition gets the next int64 key (0, 1, 2, ...) in insertion order and
+lives in slot ``key % capacity``; the live keys are exactly ``[oldest_key, next_key)``.
+Inserting past capacity advances ``oldest_key`` (FIFO eviction). A key below
+``oldest_key`` is *evicted*; a key at or above ``next_key`` was *never issued*.
+
+*Frames.* A chunk's F frames get consecutive global frame ids and sit in a ring of
+``frame_capacity = (2 * stack + 4) * capacity`` frame slots; each transition keeps the frame
+ids of its observation and next observation, so stacks are rebuilt at sample time and a
+frame shared by eight stacks is stored once. Should the frames of live chunks ever outgrow
+the ring (it takes chunks with many more frames than transitions), the oldest chunks are
+evicted early.
+
+*Priorities.* Slot i carries p_i (as sent, > 0) and the sum-tree carries p_i^alpha, so
+P(i) = p_i^alpha / sum_j p_j^alpha. Importance weights are
+w_i = (N * P(i))^-beta / max_j w_j, and max_j w_j belongs to the smallest priority in the
+table, so w_i = (p_i^alpha / min_j p_j^alpha)^-beta (<= 1). The min-tree beside the sum-tree
+gives min_j in O(1).
+
+*Storage.* Redis holds the truth (see ``storage.py``); memory holds the index (keys, frame
+ids, actions, rewards, discounts, priorities per slot, the sum-tree) and a cache of the
+encoded frames. Vector frames (CartPole, MuJoCo) are kept whole in one NumPy array when it
+fits ``cache_max_bytes``; image frames are kept as one lz4 block each, at most
+``cache_max_bytes`` of them (oldest chunks dropped first); a sample that needs a dropped
+frame fetches its chunk back from Redis. An insert is written to Redis (one transaction)
+before memory changes, so a failure stores nothing and an acknowledged chunk survives a
+``kill -9``: ``ReplayTable`` rebuilds its whole index from Redis when it opens.
+
+*Threads.* gRPC serves calls from a thread pool. One lock guards the index; compression,
+decoding and message building stay outside it. The rate limiter waits on a condition
+variable of that same lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import lz4.block
+import numpy as np
+
+from amprl.config import ReplayConfig
+from amprl.envs.spec import EnvSpec
+from amprl.errors import FailedPrecondition, InvalidArgument
+from amprl.replay.ratelimiter import RateLimiter
+from amprl.replay.storage import ChunkMeta, ReplayStorage
+from amprl.replay.sumtree import SumTree
+from amprl.wire.transitions import Chunk
+
+log = logging.getLogger(__name__)
+
+LIVE_WINDOW_S = 60.0
+# Frame ring slots per transition beyond the 2 * stack a transition can reference: room for
+# the unreferenced frames of chunks sent with contiguous frames (n-step gaps, short chunks).
+FRAME_SLACK = 4
+
+
+@dataclass
+class SampleResult:
+    """A prioritized batch, frames deduplicated (what SampleResponse carries)."""
+
+    keys: np.ndarray
+    """int64 [B]."""
+    weights: np.ndarray
+    """float32 [B], importance weights normalised by the table's largest (<= 1)."""
+    probabilities: np.ndarray
+    """float32 [B], P(i)."""
+    obs_idx: np.ndarray
+    """int32 [B, stack], indices into the batch's distinct frames."""
+    next_obs_idx: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    discounts: np.ndarray
+    num_frames: int
+    frames: np.ndarray | None
+    """[U, *frame_shape] raw frames, or None when ``lz4_frames`` holds them."""
+    lz4_frames: list[bytes] | None
+    """U lz4 blocks (no size header), one per frame."""
+    size: int
+
+
+def resolve_compression(compression: str, spec: EnvSpec) -> str:
+    """"auto" means lz4 for uint8 image frames (2-D or more), none for vectors."""
+    if compression == "auto":
+        return "lz4" if spec.frame_dtype == np.uint8 and len(spec.frame_shape) >= 2 else "none"
+    return compression
+
+
+def _layout(spec: EnvSpec, capacity: int, compression: str) -> dict:
+    return {"version": 1, "capacity": capacity, "compression": compression,
+            "frame_shape": list(spec.frame_shape), "frame_dtype": np.dtype(spec.frame_dtype).str,
+            "frame_stack": spec.frame_stack, "discrete": spec.discrete,
+            "action_dim": 0 if spec.discrete else spec.action_dim}
+
+
+def merge_chunks(chunks: list[Chunk]) -> Chunk:
+    """Consecutive chunks as one: frames concatenated, indices shifted."""
+    if len(chunks) == 1:
+        return chunks[0]
+    base = np.cumsum([0] + [c.frames.shape[0] for c in chunks[:-1]]).astype(np.int32)
+    return Chunk(frames=np.concatenate([c.frames for c in chunks]),
+                 obs_idx=np.concatenate([c.obs_idx + b for c, b in zip(chunks, base)]),
+                 next_obs_idx=np.concatenate([c.next_obs_idx + b for c, b in zip(chunks, base)]),
+                 actions=np.concatenate([c.actions for c in chunks]),
+                 rewards=np.concatenate([c.rewards for c in chunks]),
+                 discounts=np.concatenate([c.discounts for c in chunks]))
+
+
+def _validate_priorities(priorities: np.ndarray, n: int, name: str) -> np.ndarray:
+    p = np.asarray(priorities)
+    if p.dtype != np.float32:
+        raise InvalidArgument(f"{name}: dtype {p.dtype}, expected float32")
+    if p.shape != (n,):
+        raise InvalidArgument(f"{name}: shape {list(p.shape)}, expected [{n}]")
+    if not (np.isfinite(p.sum()) or np.isfinite(p).all()):
+        raise InvalidArgument(f"{name}: NaN or infinite priority; priorities must be finite and > 0")
+    if n and p.min() <= 0:
+        raise InvalidArgument(f"{name}: priority {float(p.min())!r} <= 0; priorities must be "
+                              f"|delta| + epsilon > 0")
+    return p
+
+
+class ReplayTable:
+    """One prioritized replay table; see the module docstring."""
+
+    def __init__(self, storage: ReplayStorage, spec: EnvSpec, cfg: ReplayConfig, *,
+                 seed: int | None = None):
+        self.storage = storage
+        self.spec = spec
+        self.capacity = int(cfg.capacity)
+        self.alpha = float(cfg.alpha)
+        self.compression = resolve_compression(cfg.compression, spec)
+        if self.compression not in ("lz4", "none"):
+            raise InvalidArgument(f"replay.compression: {cfg.compression!r} is not one of auto, none, lz4")
+        self.stack = spec.frame_stack
+        self.frame_shape = tuple(spec.frame_shape)
+        self.frame_dtype = np.dtype(spec.frame_dtype)
+        self.frame_nbytes = int(np.prod(self.frame_shape, dtype=np.int64)) * self.frame_dtype.itemsize
+        self.frame_capacity = (2 * self.stack + FRAME_SLACK) * self.capacity
+        self.cache_max_bytes = int(cfg.cache_max_bytes)
+        # Dense: every frame raw in one array (small vector frames). Otherwise one encoded
+        # bytes object per frame slot (None when not cached).
+        self.dense = (self.compression == "none"
+                      and self.frame_capacity * self.frame_nbytes <= self.cache_max_bytes)
+
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.limiter = RateLimiter(self.cond, samples_per_insert=cfg.samples_per_insert,
+                                   min_size_to_sample=cfg.min_size_to_sample,
+                                   error_buffer=cfg.samples_per_insert_error_buffer)
+        self.rng = np.random.default_rng(seed)
+
+        cap = self.capacity
+        self.tree = SumTree(cap)
+        self.slot_key = np.full(cap, -1, dtype=np.int64)
+        self.obs_fid = np.zeros((cap, self.stack), dtype=np.int64)
+        self.next_fid = np.zeros((cap, self.stack), dtype=np.int64)
+        self.actions = (np.zeros(cap, dtype=np.int64) if spec.discrete
+                        else np.zeros((cap, spec.action_dim), dtype=np.float32))
+        self.rewards = np.zeros(cap, dtype=np.float32)
+        self.discounts = np.zeros(cap, dtype=np.float32)
+        self.priorities = np.zeros(cap, dtype=np.float32)
+
+        fcap = self.frame_capacity
+        self.frame_chunk = np.full(fcap, -1, dtype=np.int64)  # frame slot -> chunk id
+        if self.dense:
+            self.frame_pool = np.zeros((fcap, *self.frame_shape), dtype=self.frame_dtype)
+        else:
+            self.frame_pool = np.full(fcap, None, dtype=object)
+        self.cache_bytes = 0
+        self._cached: collections.OrderedDict[int, int] = collections.OrderedDict()  # chunk -> bytes
+        # Live chunks, oldest first: (chunk id, first key, T, frame base, F).
+        self.chunks: collections.deque[tuple[int, int, int, int, int]] = collections.deque()
+        self._offsets: dict[int, np.ndarray] = {}  # chunk id -> frame offsets in its blob
+
+        self.next_key = self.oldest_key = 0
+        self.next_chunk = self.oldest_chunk = 0
+        self.next_frame = 0
+        self.inserted_total = self.env_steps_total = 0
+        self.sampled_total = self.priority_updates_total = 0
+        self.actors: dict[str, float] = {}
+        self._open()
+
+    # -- opening: rebuild the index from Redis --------------------------------------------
+
+    def _open(self) -> None:
+        layout = _layout(self.spec, self.capacity, self.compression)
+        stored = self.storage.load_layout()
+        if stored is None:
+            self.storage.write_layout(layout)
+            return
+        if stored != layout:
+            diff = sorted(k for k in set(stored) | set(layout) if stored.get(k) != layout.get(k))
+            raise FailedPrecondition(
+                f"Redis prefix {self.storage.prefix!r} holds a replay table written with a "
+                f"different layout ({', '.join(f'{k}: stored {stored.get(k)!r}, now {layout.get(k)!r}' for k in diff)}); "
+                f"use another Redis database or prefix, or delete the old data")
+        c = self.storage.load_counters()
+        self.next_key, self.oldest_key = c["next_key"], c["oldest_key"]
+        self.next_chunk, self.oldest_chunk = c["next_chunk"], c["oldest_chunk"]
+        self.next_frame = c["next_frame"]
+        self.inserted_total, self.env_steps_total = c["inserted_total"], c["env_steps_total"]
+        self.sampled_total = c["sampled_total"]
+        self.priority_updates_total = c["priority_updates_total"]
+        self.limiter.inserted, self.limiter.sampled = self.inserted_total, self.sampled_total
+        cids = list(range(self.oldest_chunk, self.next_chunk))
+        metas = self.storage.load_metas(cids)
+        for cid, meta in zip(cids, metas):
+            if meta is None:
+                raise FailedPrecondition(f"Redis lacks chunk {cid} of live chunks "
+                                         f"[{self.oldest_chunk}, {self.next_chunk})")
+            self._index_chunk(meta)
+        stored_p = self.storage.load_priorities(self.capacity)
+        live = self.slot_key >= 0
+        self.priorities[live] = stored_p[live]
+        self.tree.rebuild(np.where(live, self.priorities.astype(np.float64) ** self.alpha, 0.0))
+        if self.dense and cids:
+            for cid, blob in zip(cids, self.storage.load_frames(cids)):
+                self._cache_frames(cid, self._split_blob(cid, blob))
+        log.info("replay table rebuilt from Redis: %d transitions in %d chunks (keys %d..%d)",
+                 self.size, len(self.chunks), self.oldest_key, self.next_key)
+
+    def _index_chunk(self, meta: ChunkMeta) -> None:
+        t = meta.num_transitions
+        keys = meta.first_key + np.arange(t, dtype=np.int64)
+        keep = keys >= self.oldest_key
+        slots = keys[keep] % self.capacity
+        self.slot_key[slots] = keys[keep]
+        self.obs_fid[slots] = meta.frame_base + meta.obs_idx[keep]
+        self.next_fid[slots] = meta.frame_base + meta.next_obs_idx[keep]
+        self.actions[slots] = meta.actions[keep]
+        self.rewards[slots] = meta.rewards[keep]
+        self.discounts[slots] = meta.discounts[keep]
+        fslots = (meta.frame_base + np.arange(meta.num_frames)) % self.frame_capacity
+        self.frame_chunk[fslots] = meta.chunk_id
+        self.chunks.append((meta.chunk_id, meta.first_key, t, meta.frame_base, meta.num_frames))
+        self._offsets[meta.chunk_id] = meta.frame_offsets
+
+    # -- frames cache ---------------------------------------------------------------------
+
+    @staticmethod
+    def _encode_frames(frames: np.ndarray) -> list[bytes]:
+        return [lz4.block.compress(f, store_size=False) for f in frames]
+
+    def _frame_slots(self, frame_base: int, count: int) -> np.ndarray:
+        return (frame_base + np.arange(count, dtype=np.int64)) % self.frame_capacity
+
+    def _chunk_entry(self, cid: int) -> tuple[int, int, int, int, int]:
+        return self.chunks[cid - self.chunks[0][0]]  # live chunk ids are consecutive
+
+    def _split_blob(self, cid: int, blob: bytes) -> list[bytes]:
+        off = self._offsets[cid].tolist()
+        mv = memoryview(blob)
+        return [bytes(mv[off[i]:off[i + 1]]) for i in range(len(off) - 1)]
+
+    def _cache_frames(self, cid: int, encoded: list[bytes]) -> None:
+        """Puts a live chunk's encoded frames in memory, dropping the oldest cached chunks
+        beyond cache_max_bytes (never the one just added)."""
+        _, _, _, fbase, f = self._chunk_entry(cid)
+        slots = self._frame_slots(fbase, f)
+        if self.dense:
+            raw = np.frombuffer(b"".join(encoded), dtype=self.frame_dtype)
+            self.frame_pool[slots] = raw.reshape(f, *self.frame_shape)
+            return
+        if cid in self._cached:
+            return
+        holder = np.empty(f, dtype=object)
+        holder[:] = encoded
+        self.frame_pool[slots] = holder
+        nbytes = sum(len(e) for e in encoded)
+        self._cached[cid] = nbytes
+        self.cache_bytes += nbytes
+        while self.cache_bytes > self.cache_max_bytes and len(self._cached) > 1:
+            self._uncache(next(iter(self._cached)))
+
+    def _uncache(self, cid: int) -> None:
+        nbytes = self._cached.pop(cid, None)
+        if nbytes is None:
+            return
+        self.cache_bytes -= nbytes
+        _, _, _, fbase, f = self._chunk_entry(cid)
+        self.frame_pool[self._frame_slots(fbase, f)] = None
+
+    # -- the operations -------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        return self.next_key - self.oldest_key
+
+    def _counters(self, **override: int) -> dict[str, int]:
+        c = {"next_key": self.next_key, "oldest_key": self.oldest_key,
+             "next_chunk": self.next_chunk, "oldest_chunk": self.oldest_chunk,
+             "next_frame": self.next_frame, "inserted_total": self.inserted_total,
+             "env_steps_total": self.env_steps_total, "sampled_total": self.sampled_total,
+             "priority_updates_total": self.priority_updates_total}
+        c.update(override)
+        return c
+
+    def check_chunk(self, chunk: Chunk, priorities: np.ndarray, name: str = "chunk", *,
+                    values: bool = True) -> np.ndarray:
+        """Checks what the EnvSpec cannot: priorities (their values unless ``values`` is
+        False; see ``check_priorities``), and sizes against this table."""
+        t = len(chunk)
+        p = np.asarray(priorities)
+        if p.dtype != np.float32 or p.shape != (t,):
+            _validate_priorities(p, t, "priorities")  # raises naming dtype or shape
+        if values:
+            _validate_priorities(p, t, "priorities")
+        if t > self.capacity:
+            raise InvalidArgument(f"{name}: {t} transitions exceed the table capacity {self.capacity}")
+        return p
+
+    @staticmethod
+    def check_priorities(priorities: list[np.ndarray]) -> tuple[int, InvalidArgument] | None:
+        """Validates many chunks' priorities at once; returns (index of the first bad
+        chunk, its error) or None."""
+        try:
+            joined = priorities[0] if len(priorities) == 1 else np.concatenate(priorities)
+            _validate_priorities(joined, joined.shape[0], "priorities")
+            return None
+        except InvalidArgument:
+            for i, p in enumerate(priorities):
+                try:
+                    _validate_priorities(p, p.shape[0], "priorities")
+                except InvalidArgument as exc:
+                    return i, exc
+            raise
+
+    def insert(self, actor_id: str, chunk: Chunk, priorities: np.ndarray, env_steps: int = 0, *,
+               timeout: float | None = None,
+               cancelled: Callable[[], bool] = lambda: False) -> int:
+        """Stores a validated chunk (see ``amprl.wire.transitions``) with its priorities.
+
+        Waits for the rate limiter up to ``timeout`` seconds. Returns the key of the chunk's
+        first transition; the others follow consecutively.
+        """
+        return self.insert_many(actor_id, [(chunk, priorities, env_steps)], timeout=timeout,
+                                cancelled=cancelled)
+
+    def insert_many(self, actor_id: str, items: list[tuple[Chunk, np.ndarray, int]], *,
+                    timeout: float | None = None,
+                    cancelled: Callable[[], bool] = lambda: False) -> int:
+        """Stores consecutive chunks of one actor as ONE stored chunk, in one Redis
+        transaction (all or nothing). Returns the first key; the rest follow in order."""
+        prios = [self.check_chunk(c, p, values=False) for c, p, _ in items]
+        chunk = merge_chunks([c for c, _, _ in items])
+        priorities = prios[0] if len(prios) == 1 else np.concatenate(prios)
+        _validate_priorities(priorities, len(chunk), "priorities")
+        env_steps = sum(int(e) for _, _, e in items)
+        t = len(chunk)
+        if t > self.capacity:
+            raise InvalidArgument(f"chunks: {t} transitions exceed the table capacity {self.capacity}")
+        num_frames = int(chunk.frames.shape[0])
+        if num_frames > self.frame_capacity:
+            raise InvalidArgument(f"chunk.frames: {num_frames} frames exceed the frame ring "
+                                  f"({self.frame_capacity})")
+        # Work that needs no lock: encode frames and the chunk's arrays.
+        if self.compression == "none":
+            encoded = None
+            frames_blob = np.ascontiguousarray(chunk.frames).tobytes()
+            offsets = np.arange(num_frames + 1, dtype=np.int64) * self.frame_nbytes
+            if not self.dense:
+                mv = memoryview(frames_blob)
+                encoded = [bytes(mv[i * self.frame_nbytes:(i + 1) * self.frame_nbytes])
+                           for i in range(num_frames)]
+        else:
+            encoded = self._encode_frames(chunk.frames)
+            offsets = np.zeros(num_frames + 1, dtype=np.int64)
+            np.cumsum([len(e) for e in encoded], out=offsets[1:])
+            frames_blob = b"".join(encoded)
+        p_alpha = priorities.astype(np.float64) ** self.alpha
+
+        with self.lock:
+            self.limiter.await_insert(lambda: self.size, timeout, cancelled)
+            cid, first, fbase = self.next_chunk, self.next_key, self.next_frame
+            end_key, end_frame = first + t, fbase + num_frames
+            # FIFO: make room for t transitions, and keep the frame ring from wrapping onto
+            # frames of live chunks.
+            new_oldest = max(self.oldest_key, end_key - self.capacity)
+            dead: list[int] = []
+            for c_id, c_first, c_t, c_fbase, _ in self.chunks:
+                if c_first + c_t <= new_oldest:
+                    dead.append(c_id)
+                elif c_fbase < end_frame - self.frame_capacity:
+                    dead.append(c_id)
+                    new_oldest = c_first + c_t
+                else:
+                    break
+            new_oldest_chunk = dead[-1] + 1 if dead else self.oldest_chunk
+            meta = ChunkMeta(cid, first, fbase, chunk.obs_idx, chunk.next_obs_idx, chunk.actions,
+                             chunk.rewards, chunk.discounts, offsets)
+            slots = (first + np.arange(t, dtype=np.int64)) % self.capacity
+            ranges = []
+            s0 = int(slots[0])
+            n0 = min(t, self.capacity - s0)
+            ranges.append((s0, priorities[:n0]))
+            if n0 < t:
+                ranges.append((0, priorities[n0:]))
+            self.storage.write_chunk(
+                meta.encode(), cid, frames_blob, ranges,
+                self._counters(next_key=end_key, oldest_key=new_oldest, next_chunk=cid + 1,
+                               oldest_chunk=new_oldest_chunk, next_frame=end_frame,
+                               inserted_total=self.inserted_total + t,
+                               env_steps_total=self.env_steps_total + int(env_steps)),
+                dead)
+
+            # Redis holds it: now memory.
+            evicted = np.arange(self.oldest_key, new_oldest, dtype=np.int64)
+            evicted = evicted[evicted + self.capacity >= end_key]  # not overwritten below
+            ev_slots = evicted % self.capacity
+            self.slot_key[ev_slots] = -1
+            self.priorities[ev_slots] = 0
+            for c_id in dead:
+                self._uncache(c_id)
+                self.chunks.popleft()
+                self._offsets.pop(c_id, None)
+            self.slot_key[slots] = first + np.arange(t, dtype=np.int64)
+            self.obs_fid[slots] = fbase + chunk.obs_idx
+            self.next_fid[slots] = fbase + chunk.next_obs_idx
+            self.actions[slots] = chunk.actions
+            self.rewards[slots] = chunk.rewards
+            self.discounts[slots] = chunk.discounts
+            self.priorities[slots] = priorities
+            self.tree.update(np.concatenate([ev_slots, slots]),
+                             np.concatenate([np.zeros(ev_slots.size), p_alpha]))
+            self.frame_chunk[self._frame_slots(fbase, num_frames)] = cid
+            self.chunks.append((cid, first, t, fbase, num_frames))
+            self._offsets[cid] = offsets
+            if self.dense:
+                self.frame_pool[self._frame_slots(fbase, num_frames)] = chunk.frames
+            else:
+                self._cache_frames(cid, encoded)
+            self.next_key, self.oldest_key = end_key, new_oldest
+            self.next_chunk, self.oldest_chunk = cid + 1, new_oldest_chunk
+            self.next_frame = end_frame
+            self.inserted_total += t
+            self.env_steps_total += int(env_steps)
+            self.actors[actor_id] = time.monotonic()
+            self.limiter.record_insert(t)
+            return first
+
+    def sample(self, batch_size: int, beta: float, *, timeout: float | None = None,
+               cancelled: Callable[[], bool] = lambda: False) -> SampleResult:
+        """Draws ``batch_size`` transitions with replacement, transition i with
+        probability P(i); waits for the minimum size / rate limiter up to ``timeout``."""
+        if batch_size <= 0:
+            raise InvalidArgument(f"batch_size ({batch_size}) must be a positive integer")
+        if batch_size > self.capacity:
+            raise InvalidArgument(f"batch_size ({batch_size}) exceeds the table capacity "
+                                  f"({self.capacity})")
+        if not (0.0 <= beta <= 1.0):
+            raise InvalidArgument(f"beta ({beta}) must be in [0, 1]")
+        with self.lock:
+            self.limiter.await_sample(lambda: self.size, timeout, cancelled)
+            size = self.size
+            if batch_size > size:
+                raise InvalidArgument(f"batch_size ({batch_size}) exceeds the {size} "
+                                      f"transitions stored")
+            slots = self.tree.sample(batch_size, self.rng)
+            p_alpha = self.tree.get(slots)
+            total, p_min = self.tree.total, self.tree.min
+            keys = self.slot_key[slots]
+            fids = np.concatenate([self.obs_fid[slots].ravel(), self.next_fid[slots].ravel()])
+            actions = self.actions[slots]
+            rewards = self.rewards[slots]
+            discounts = self.discounts[slots]
+            unique, inverse = np.unique(fids, return_inverse=True)
+            fslots = unique % self.frame_capacity
+            if self.dense:
+                frames, encoded = self.frame_pool[fslots], None
+            else:
+                encoded = self._gather_encoded(unique)
+                frames = None
+            self.sampled_total += batch_size
+            self.limiter.record_sample(batch_size)
+        probabilities = p_alpha / total
+        weights = (p_alpha / p_min) ** -beta if beta > 0 else np.ones(batch_size)
+        inverse = inverse.astype(np.int32).reshape(2, batch_size, self.stack)
+        if encoded is not None and self.compression == "none":
+            frames = np.frombuffer(b"".join(encoded.tolist()), dtype=self.frame_dtype).reshape(
+                len(encoded), *self.frame_shape)
+            encoded = None
+        return SampleResult(keys=keys, weights=weights.astype(np.float32),
+                            probabilities=probabilities.astype(np.float32),
+                            obs_idx=inverse[0], next_obs_idx=inverse[1], actions=actions,
+                            rewards=rewards, discounts=discounts, num_frames=len(unique),
+                            frames=frames,
+                            lz4_frames=None if encoded is None else encoded.tolist(),
+                            size=size)
+
+    def _gather_encoded(self, fids: np.ndarray) -> np.ndarray:
+        """Encoded frames of global frame ids (object array); cache misses are fetched
+        from Redis, one pipelined round trip for all their chunks (lock held)."""
+        fslots = fids % self.frame_capacity
+        encoded = self.frame_pool[fslots]
+        missing = np.flatnonzero(np.equal(encoded, None))
+        if missing.size:
+            cids = np.unique(self.frame_chunk[fslots[missing]]).tolist()
+            fetched = {}
+            for cid, blob in zip(cids, self.storage.load_frames(cids)):
+                if blob is None:
+                    raise FailedPrecondition(f"Redis lost the frames of live chunk {cid}")
+                fetched[cid] = self._split_blob(cid, blob)
+                self._cache_frames(cid, fetched[cid])
+            for i in missing.tolist():
+                cid = int(self.frame_chunk[fslots[i]])
+                encoded[i] = fetched[cid][int(fids[i]) - self._chunk_entry(cid)[3]]
+        return encoded
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> tuple[int, int]:
+        """Sets new priorities; returns (updated, skipped because evicted). A key never
+        issued is InvalidArgument and nothing is updated."""
+        keys = np.asarray(keys)
+        if keys.dtype != np.int64 or keys.ndim != 1:
+            raise InvalidArgument(f"keys: dtype {keys.dtype} shape {list(keys.shape)}, expected int64 [K]")
+        priorities = _validate_priorities(priorities, keys.shape[0], "priorities")
+        if keys.size == 0:
+            return 0, 0
+        with self.lock:
+            bad = (keys < 0) | (keys >= self.next_key)
+            if bad.any():
+                raise InvalidArgument(f"keys: key {int(keys[bad][0])} was never issued "
+                                      f"(issued keys are [0, {self.next_key}))")
+            live = keys >= self.oldest_key
+            n_evicted = int((~live).sum())
+            keys, priorities = keys[live], priorities[live]
+            # Last value wins for a key given twice.
+            rev_unique, rev_first = np.unique(keys[::-1], return_index=True)
+            keep = keys.size - 1 - rev_first
+            keys, priorities = keys[keep], priorities[keep]
+            slots = keys % self.capacity
+            updates = self.priority_updates_total + keys.size
+            self.storage.write_priorities(slots, priorities,
+                                          self._counters(priority_updates_total=updates))
+            self.priorities[slots] = priorities
+            self.tree.update(slots, priorities.astype(np.float64) ** self.alpha)
+            self.priority_updates_total = updates
+            return int(keys.size), n_evicted
+
+    def get(self, keys: np.ndarray) -> dict[str, np.ndarray]:
+        """The stored fields of live ``keys`` (for tests and tools): priorities, rewards,
+        discounts, actions, obs and next_obs (stacks rebuilt)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        with self.lock:
+            if keys.size and (keys.min() < self.oldest_key or keys.max() >= self.next_key):
+                raise InvalidArgument(f"keys outside the live range [{self.oldest_key}, {self.next_key})")
+            slots = keys % self.capacity
+            fids = np.concatenate([self.obs_fid[slots], self.next_fid[slots]], axis=1)
+            if self.dense:
+                pool = self.frame_pool[fids % self.frame_capacity]
+            else:
+                pool = self._gather_encoded(fids.ravel()).reshape(fids.shape)
+            out = {"priorities": self.priorities[slots].copy(), "rewards": self.rewards[slots],
+                   "discounts": self.discounts[slots], "actions": self.actions[slots]}
+        if not self.dense:
+            flat = [self._decode_frame(b) for b in pool.ravel().tolist()]
+            pool = (np.stack(flat).reshape(*fids.shape, *self.frame_shape) if flat
+                    else np.zeros((*fids.shape, *self.frame_shape), self.frame_dtype))
+        out["obs"], out["next_obs"] = pool[:, :self.stack], pool[:, self.stack:]
+        return out
+
+    def _decode_frame(self, blob: bytes) -> np.ndarray:
+        if self.compression == "lz4":
+            blob = lz4.block.decompress(blob, uncompressed_size=self.frame_nbytes)
+        return np.frombuffer(blob, dtype=self.frame_dtype).reshape(self.frame_shape)
+
+    def info(self) -> dict:
+        now = time.monotonic()
+        with self.lock:
+            lim = self.limiter
+            return {
+                "size": self.size, "capacity": self.capacity,
+                "inserted_total": self.inserted_total, "sampled_total": self.sampled_total,
+                "env_steps_total": self.env_steps_total,
+                "priority_updates_total": self.priority_updates_total,
+                "actors_seen": len(self.actors),
+                "actors_live": sum(1 for t in self.actors.values() if now - t <= LIVE_WINDOW_S),
+                "live_window_seconds": LIVE_WINDOW_S,
+                "total_priority": self.tree.total,
+                "oldest_key": self.oldest_key, "next_key": self.next_key,
+                "cache_bytes": self.cache_bytes,
+                "rate_limiter": {
+                    "samples_per_insert": lim.samples_per_insert, "error_buffer": lim.error_buffer,
+                    "min_size_to_sample": lim.min_size_to_sample,
+                    "waiting_samples": lim.waiting_samples, "waiting_inserts": lim.waiting_inserts,
+                    "sample_wait_seconds": lim.sample_wait_seconds,
+                    "insert_wait_seconds": lim.insert_wait_seconds,
+                },
+            }

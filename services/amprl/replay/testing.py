@@ -1,0 +1,36 @@
+"""Small builders for replay tests and benchmarks: specs and chunks with known contents."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from amprl.envs.spec import EnvSpec
+from amprl.wire.transitions import Chunk
+
+
+def vector_spec() -> EnvSpec:
+    return EnvSpec((4,), np.dtype(np.float32), 1, True, num_actions=3)
+
+
+def atari_spec(size: int = 84) -> EnvSpec:
+    return EnvSpec((size, size), np.dtype(np.uint8), 4, True, num_actions=6)
+
+
+def make_chunk(spec: EnvSpec, t: int, *, n_step: int = 3, seed: int = 0, reward_base: float = 0.0) -> Chunk:
+    """T consecutive transitions: obs t = frames[t .. t+stack-1], next = obs + n_step;
+    rewards are reward_base + 0..T-1 so each transition is identifiable."""
+    rng = np.random.default_rng(seed)
+    stack = spec.frame_stack
+    f = t + stack - 1 + n_step
+    if spec.frame_dtype == np.uint8:
+        frames = rng.integers(0, 256, (f, *spec.frame_shape), dtype=np.uint8)
+    else:
+        frames = rng.standard_normal((f, *spec.frame_shape)).astype(spec.frame_dtype)
+    obs = (np.arange(t)[:, None] + np.arange(stack)[None, :]).astype(np.int32)
+    if spec.discrete:
+        actions = rng.integers(0, max(spec.num_actions, 1), t).astype(np.int64)
+    else:
+        actions = rng.uniform(-1, 1, (t, spec.action_dim)).astype(np.float32)
+    return Chunk(frames, obs, obs + n_step, actions,
+                 (reward_base + np.arange(t)).astype(np.float32),
+                 np.full(t, 0.97, np.float32))

@@ -1,0 +1,165 @@
+"""kill -9 the replay process mid-insert, restart it on the same Redis: every acknowledged
+transition is there with its priority."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from amprl import errors
+from amprl.common.grpcutil import wait_until_serving
+from amprl.config import ReplayConfig
+from amprl.envs.spec import EnvSpec
+from amprl.replay.client import ReplayClient
+from amprl.replay.storage import ReplayStorage
+from amprl.replay.table import ReplayTable
+from amprl.replay.testing import make_chunk
+
+SPEC = EnvSpec((16, 16), np.dtype(np.uint8), 4, True, num_actions=6)
+SPEC_JSON = json.dumps({"frame_shape": [16, 16], "frame_dtype": "uint8", "frame_stack": 4,
+                        "discrete": True, "num_actions": 6})
+CAPACITY = 200_000
+T = 32
+
+
+class ReplayProcess:
+    def __init__(self, tmp_path, redis_url, name):
+        port_file = tmp_path / f"{name}.port"
+        self.log = open(tmp_path / f"{name}.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "amprl.replay", "--host", "127.0.0.1", "--port", "0",
+             "--port-file", str(port_file), "--redis-url", redis_url, "--spec-json", SPEC_JSON,
+             "--set", f"replay.capacity={CAPACITY}", "--set", "replay.min_size_to_sample=1"],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert self.proc.poll() is None, (tmp_path / f"{name}.log").read_text()
+            assert time.monotonic() < deadline, "replay did not write its port file"
+            time.sleep(0.05)
+        self.address = f"127.0.0.1:{port_file.read_text()}"
+        wait_until_serving(self.address, timeout_s=30)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self.log.close()
+
+
+def tagged(tag: int):
+    """Chunk `tag`: rewards tag*T .. tag*T+T-1, priorities derived from them."""
+    chunk = make_chunk(SPEC, T, seed=tag, reward_base=tag * T)
+    return chunk, priority_of(chunk.rewards), T
+
+
+def priority_of(rewards):
+    return (1.0 + (np.asarray(rewards) % 97) / 10.0).astype(np.float32)
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_mid_insert_loses_nothing_acknowledged(tmp_path, embedded_redis):
+    first = ReplayProcess(tmp_path, embedded_redis.url, "first")
+    acked: list[int] = []  # chunk tags whose Insert call returned
+    stop = threading.Event()
+    errors_seen = []
+
+    def stream():
+        tag = 0
+        with ReplayClient(first.address) as client:
+            while not stop.is_set():
+                tags = list(range(tag, tag + 4))
+                tag += 4
+                try:
+                    client.insert("actor-0", (tagged(t) for t in tags), timeout=10)
+                except errors.AmprlError as exc:
+                    errors_seen.append(exc)
+                    return
+                acked.extend(tags)
+
+    second = None
+    th = threading.Thread(target=stream)
+    try:
+        th.start()
+        deadline = time.monotonic() + 30
+        while len(acked) < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(acked) >= 40
+        first.kill()  # the client is mid-stream
+        th.join(20)
+        assert not th.is_alive()
+        assert errors_seen and isinstance(errors_seen[0], errors.Unavailable)
+
+        second = ReplayProcess(tmp_path, embedded_redis.url, "second")
+        with ReplayClient(second.address) as client:
+            info = client.info()
+            assert info.size >= len(acked) * T
+            assert info.inserted_total == info.size
+            batch = client.sample(64, 0.4)
+            assert batch.obs.shape == (64, 4, 16, 16)
+            assert client.update_priorities(batch.keys, np.ones(64)).updated > 0
+
+        # Inspect what the restarted service rebuilt, key by key, straight from Redis.
+        cfg = ReplayConfig(capacity=CAPACITY, min_size_to_sample=1)
+        storage = ReplayStorage.from_url(embedded_redis.url)
+        table = ReplayTable(storage, SPEC, cfg)
+        assert table.oldest_key == 0  # so a row of `stored` is its key
+        stored = table.get(np.arange(table.oldest_key, table.next_key))
+        storage.close()
+        by_reward = dict(zip(stored["rewards"].tolist(), range(len(stored["rewards"]))))
+        sampled_keys = set(batch.keys.tolist())
+        for tag in acked:
+            chunk, prios, _ = tagged(tag)
+            rows = [by_reward.get(float(r)) for r in chunk.rewards]
+            assert None not in rows, f"acknowledged chunk {tag} missing after restart"
+            rows = np.array(rows)
+            mask = np.array([row not in sampled_keys for row in rows])  # untouched by the update
+            np.testing.assert_array_equal(stored["priorities"][rows][mask], prios[mask])
+            np.testing.assert_array_equal(stored["obs"][rows], chunk.frames[chunk.obs_idx])
+            np.testing.assert_array_equal(stored["next_obs"][rows], chunk.frames[chunk.next_obs_idx])
+    finally:
+        stop.set()
+        first.kill()
+        if second is not None:
+            second.kill()
+        th.join(10)
+
+
+@pytest.mark.timeout(60)
+def test_entry_point_starts_embedded_redis_and_stops_on_sigterm(tmp_path):
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "amprl.replay", "--host", "127.0.0.1",
+                             "--port-file", str(port_file), "--run-dir", str(tmp_path),
+                             "--set", "replay.min_size_to_sample=1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    pid_file = tmp_path / "redis" / "redis-server.pid"
+    try:
+        deadline = time.monotonic() + 45
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        address = f"127.0.0.1:{port_file.read_text()}"
+        wait_until_serving(address)
+        with ReplayClient(address) as client:  # CartPole-v1 from the default config
+            chunk = make_chunk(EnvSpec((4,), np.dtype(np.float32), 1, True, num_actions=2), 5)
+            assert client.insert("a", [(chunk, np.ones(5, np.float32), 5)]).size == 5
+        redis_pid = int(pid_file.read_text())
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(20) == 0
+        with pytest.raises(ProcessLookupError):
+            os.kill(redis_pid, 0)  # the embedded redis went with it
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
