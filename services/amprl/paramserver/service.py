@@ -1,0 +1,256 @@
+"""The gRPC boundary of the parameter server: ParameterService over a ParameterStore.
+
+Translates messages (``amprl.compression`` decodes and encodes tensors) and errors (via
+``map_errors``); the staleness rule and the optimizer live in ``store``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Iterator, NamedTuple
+
+import grpc
+import torch
+from torch import nn
+
+from amprl.common import grpcutil
+from amprl.compression import decode, encode, payload_bytes
+from amprl.config import ExperimentConfig
+from amprl.errors import ConfigError, InvalidArgument, ResourceExhausted
+from amprl.paramserver.store import ParameterStore
+from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = paramserver_pb2.DESCRIPTOR.services_by_name["ParameterService"].full_name
+
+# Weights are served in these encodings (1-bit is for gradients, which carry error feedback).
+_PULL_ENCODINGS = {
+    tensor_pb2.ENCODING_FP32: "fp32",
+    tensor_pb2.ENCODING_BF16: "bf16",
+    tensor_pb2.ENCODING_FP16: "fp16",
+}
+
+# Room left in each pull message for the response's own fields and per-tensor framing.
+_CHUNK_MARGIN_BYTES = 16 * 1024
+
+DEFAULT_MAX_WORKERS = 256
+"""Server threads. The threads are created on demand; each open WatchParameters stream
+holds one for its lifetime (a synchronous gRPC server), so the pool is sized for a fleet."""
+
+DEFAULT_MAX_WATCHERS = 224
+"""Open watch streams allowed at once; beyond it WatchParameters answers
+RESOURCE_EXHAUSTED (the client then polls with PullParameters), so pushes and pulls always
+keep DEFAULT_MAX_WORKERS - DEFAULT_MAX_WATCHERS threads."""
+
+
+class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
+    """Serves one ParameterStore.
+
+    Pull replies are encoded once per (version, encoding) and shared by every caller of
+    that version, so a fleet of actors pulling the same weights costs one encoding.
+    """
+
+    def __init__(self, store: ParameterStore, *,
+                 max_message_bytes: int = grpcutil.DEFAULT_MAX_MESSAGE_BYTES,
+                 max_watchers: int = DEFAULT_MAX_WATCHERS, watch_poll_s: float = 0.5):
+        self.store = store
+        self.max_message_bytes = max_message_bytes
+        self.chunk_bytes = max(1024, max_message_bytes - _CHUNK_MARGIN_BYTES)
+        largest = max(store.params.items(), key=lambda kv: kv[1].numel())
+        if 4 * largest[1].numel() + 1024 > self.chunk_bytes:
+            raise ConfigError(f"parameter {largest[0]} ({4 * largest[1].numel()} bytes in fp32) "
+                              f"does not fit one message of {max_message_bytes} bytes; raise "
+                              f"the message limit")
+        self.max_watchers = max_watchers
+        self.watch_poll_s = watch_poll_s
+        self._lock = threading.Lock()
+        self._cache: dict[int, tuple[int, list[paramserver_pb2.PullParametersResponse]]] = {}
+        self._encode_locks = {enc: threading.Lock() for enc in _PULL_ENCODINGS}
+        self._watchers = 0
+        self._closing = threading.Event()
+
+    def close(self) -> None:
+        """Ends every open watch stream (call before ``server.stop``)."""
+        self._closing.set()
+        self.store.close()
+
+    # -- PushGradients -------------------------------------------------------------------
+
+    @grpcutil.map_errors
+    def PushGradients(self, request: paramserver_pb2.PushGradientsRequest, context):
+        store = self.store
+        try:
+            grads: dict[str, torch.Tensor] = {}
+            for msg in request.gradients:
+                name = msg.name
+                if name in grads:
+                    raise InvalidArgument(f"{name}: appears twice in one push")
+                expected = store.shapes.get(name)
+                if expected is None:
+                    raise InvalidArgument(f"{name or '<unnamed>'}: not a parameter of the model")
+                if tuple(msg.shape) != expected:
+                    raise InvalidArgument(f"{name}: gradient shape {list(msg.shape)} differs from "
+                                          f"the parameter's {list(expected)}")
+                grads[name] = decode(msg, device=store.device)
+        except InvalidArgument:
+            store.note_invalid_push()
+            raise
+        result = store.apply(request.base_version, grads, learner_id=request.learner_id,
+                             batch_size=request.batch_size,
+                             wire_bytes=payload_bytes(request.gradients))
+        return paramserver_pb2.PushGradientsResponse(
+            version=result.version,
+            disposition=(paramserver_pb2.PUSH_DISPOSITION_SCALED if result.scaled
+                         else paramserver_pb2.PUSH_DISPOSITION_APPLIED),
+            staleness=result.staleness, scale=result.scale)
+
+    # -- PullParameters ------------------------------------------------------------------
+
+    def _cached(self, encoding: int):
+        with self._lock:
+            cached = self._cache.get(encoding)
+        return cached if cached is not None and cached[0] == self.store.version else None
+
+    def _encoded(self, encoding: int) -> tuple[int, list[paramserver_pb2.PullParametersResponse]]:
+        cached = self._cached(encoding)
+        if cached is not None:
+            return cached
+        # One encoder per encoding: a fleet pulling a new version at once waits for one
+        # encoding instead of each making its own.
+        with self._encode_locks[encoding]:
+            cached = self._cached(encoding)
+            if cached is not None:
+                return cached
+            return self._encode_snapshot(encoding)
+
+    def _encode_snapshot(self, encoding: int):
+        version, weights = self.store.snapshot()
+        name = _PULL_ENCODINGS[encoding]
+        responses: list[paramserver_pb2.PullParametersResponse] = []
+        current: list[tensor_pb2.CompressedTensor] = []
+        size = 0
+        for pname, tensor in weights.items():
+            msg = encode(pname, tensor, name)
+            n = msg.ByteSize() + 8  # + tag and length prefix of the repeated field
+            if current and size + n > self.chunk_bytes:
+                responses.append(paramserver_pb2.PullParametersResponse(version=version,
+                                                                        parameters=current))
+                current, size = [], 0
+            current.append(msg)
+            size += n
+        responses.append(paramserver_pb2.PullParametersResponse(version=version, parameters=current))
+        responses[-1].last = True
+        with self._lock:
+            old = self._cache.get(encoding)
+            if old is None or old[0] <= version:
+                self._cache[encoding] = (version, responses)
+        return version, responses
+
+    @grpcutil.map_errors
+    def PullParameters(self, request: paramserver_pb2.PullParametersRequest,
+                       context) -> Iterator[paramserver_pb2.PullParametersResponse]:
+        encoding = request.encoding or tensor_pb2.ENCODING_FP32
+        if encoding not in _PULL_ENCODINGS:
+            raise InvalidArgument(f"encoding {tensor_pb2.Encoding.Name(encoding) if encoding in tensor_pb2.Encoding.values() else encoding}: "
+                                  f"weights are served in ENCODING_FP32, ENCODING_BF16 or ENCODING_FP16")
+        self.store.note_client(request.client_id)
+        version = self.store.version
+        if request.have_version == version and version != 0:  # have_version 0 = "none"
+            self.store.count_pull(unchanged=True)
+            yield paramserver_pb2.PullParametersResponse(version=version, unchanged=True, last=True)
+            return
+        self.store.count_pull(unchanged=False)
+        _, responses = self._encoded(encoding)
+        yield from responses
+
+    # -- WatchParameters -----------------------------------------------------------------
+
+    @grpcutil.map_errors
+    def WatchParameters(self, request: paramserver_pb2.WatchParametersRequest,
+                        context) -> Iterator[paramserver_pb2.WatchParametersResponse]:
+        with self._lock:
+            if self._watchers >= self.max_watchers:
+                raise ResourceExhausted(f"{self._watchers} watch streams are open (the limit); "
+                                        f"poll with PullParameters instead")
+            self._watchers += 1
+        client_id = request.client_id
+        store = self.store
+        store.watch_started(client_id)
+
+        def wake():  # client cancelled or deadline passed: stop waiting now
+            with store.changed:
+                store.changed.notify_all()
+
+        context.add_callback(wake)
+        try:
+            have = request.have_version
+            first = True
+            while context.is_active() and not self._closing.is_set():
+                version = store.version if first else store.wait_for_version(have, self.watch_poll_s)
+                if self._closing.is_set() or not context.is_active():
+                    break
+                # have_version 0 means "none": the current version is announced at once.
+                if version != have or (first and have == 0):
+                    # Coalescing: whatever happened while the previous message was being
+                    # sent, this reads the newest version once.
+                    yield paramserver_pb2.WatchParametersResponse(version=version)
+                    have = version
+                first = False
+        finally:
+            store.watch_ended(client_id)
+            with self._lock:
+                self._watchers -= 1
+
+    # -- Info ----------------------------------------------------------------------------
+
+    @grpcutil.map_errors
+    def Info(self, request, context) -> paramserver_pb2.ParameterServiceInfoResponse:
+        return paramserver_pb2.ParameterServiceInfoResponse(**self.store.info())
+
+
+class ParameterServer(NamedTuple):
+    """A started server and what it serves."""
+
+    server: grpc.Server
+    port: int
+    store: ParameterStore
+    servicer: ParameterServicer
+
+    def stop(self, grace_s: float | None = 1.0) -> None:
+        """Ends watch streams, then stops the server (in-flight calls get ``grace_s``)."""
+        self.servicer.close()
+        self.server.stop(grace_s).wait()
+
+
+def build_store(cfg: ExperimentConfig, model: nn.Module) -> ParameterStore:
+    """A store holding ``model``'s parameters with the run's optimizer and staleness rule."""
+    ps = cfg.paramserver
+    return ParameterStore.from_model(model, lr=ps.lr, adam_eps=ps.adam_eps,
+                                     max_staleness=ps.max_staleness,
+                                     staleness_scaling=ps.staleness_scaling)
+
+
+def create_server(cfg: ExperimentConfig, model: nn.Module | None = None, *,
+                  store: ParameterStore | None = None, host: str = "0.0.0.0",
+                  port: int | None = None,
+                  max_message_bytes: int = grpcutil.DEFAULT_MAX_MESSAGE_BYTES,
+                  max_workers: int = DEFAULT_MAX_WORKERS,
+                  max_watchers: int = DEFAULT_MAX_WATCHERS) -> ParameterServer:
+    """Starts a ParameterService (with health and reflection) for ``model`` or ``store``.
+
+    ``port`` None means ``cfg.paramserver.port`` (0 = any free port; the bound one is
+    returned).
+    """
+    if store is None:
+        if model is None:
+            raise ValueError("create_server needs a model or a store")
+        store = build_store(cfg, model)
+    servicer = ParameterServicer(store, max_message_bytes=max_message_bytes,
+                                 max_watchers=min(max_watchers, max(1, max_workers - 8)))
+    server, bound = grpcutil.create_server(
+        [(paramserver_pb2_grpc.add_ParameterServiceServicer_to_server, servicer, SERVICE_NAME)],
+        host=host, port=cfg.paramserver.port if port is None else port, max_workers=max_workers,
+        max_message_bytes=max_message_bytes)
+    return ParameterServer(server, bound, store, servicer)

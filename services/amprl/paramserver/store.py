@@ -1,0 +1,331 @@
+"""The parameter store: master weights, their optimizer, a version, and the staleness rule.
+
+The store knows nothing of gRPC; ``amprl.paramserver.service`` adapts it.
+
+Staleness rule (asynchronous SGD with bounded delay, as in Ho et al. 2013 "SSP" and the
+Ape-X/IMPALA learners): every applied gradient advances ``version`` by one. A learner
+computes a gradient on the weights of some ``base_version``; when the gradient arrives,
+
+    staleness = version - base_version
+    staleness >  max_staleness  ->  rejected: FailedPrecondition(current_version=version);
+                                    the learner pulls the newest weights and carries on
+    staleness <= max_staleness  ->  applied, multiplied by 1 / (1 + staleness) when
+                                    staleness_scaling is on (Zhang et al. 2016,
+                                    "staleness-aware async SGD"), else as sent
+
+A ``base_version`` ahead of ``version`` (the server restarted from an older checkpoint) is
+rejected the same way, so the learner re-syncs to what the server really holds.
+
+A push may name a subset of the parameters (TD3 pushes critic-only gradients between
+actor updates): the absent parameters are not stepped and their Adam moments and step
+counts stay as they are (torch's Adam skips parameters whose ``.grad`` is None).
+
+Every push is validated in full (names, duplicates, shapes, dtypes, finiteness) before the
+store is touched: a bad push changes nothing but the ``pushes_rejected_invalid`` counter.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from amprl.errors import FailedPrecondition, InvalidArgument
+
+DEFAULT_LIVE_WINDOW_S = 60.0
+"""A client counts as live in Info if it called within this many seconds (or is watching)."""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What ``ParameterStore.apply`` did with one gradient."""
+
+    version: int
+    """Version after the step."""
+    staleness: int
+    """version - base_version when the gradient arrived."""
+    scale: float
+    """Factor the gradient was multiplied by before the optimizer step."""
+    scaled: bool
+    """True when staleness scaling changed the gradient (scale < 1)."""
+
+
+@dataclass
+class Counters:
+    """Cumulative counts reported by Info (since this process started)."""
+
+    pushes_applied: int = 0
+    pushes_scaled: int = 0
+    pushes_rejected_stale: int = 0
+    pushes_rejected_invalid: int = 0
+    max_staleness_accepted: int = 0
+    pulls_with_weights: int = 0
+    pulls_unchanged: int = 0
+    gradient_bytes_received: int = 0
+    transitions_trained: int = 0
+
+
+@dataclass
+class _Clients:
+    last_seen: dict[str, float] = field(default_factory=dict)
+    learners_seen: dict[str, float] = field(default_factory=dict)
+    watching: dict[str, int] = field(default_factory=dict)
+
+
+class ParameterStore:
+    """Master fp32 weights + Adam + version counter; thread-safe.
+
+    Build it from a model (``ParameterStore.from_model``); the model's named parameters in
+    ``named_parameters()`` order are the store's tensors (the order weights are served in).
+    """
+
+    def __init__(self, params: Mapping[str, torch.Tensor], *, lr: float = 1e-3,
+                 adam_eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999),
+                 max_staleness: int = 16, staleness_scaling: bool = False,
+                 live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu"):
+        if not params:
+            raise InvalidArgument("a parameter store needs at least one parameter")
+        if max_staleness < 0:
+            raise InvalidArgument(f"max_staleness ({max_staleness}) must be >= 0")
+        self.device = torch.device(device)
+        self.params: dict[str, nn.Parameter] = {
+            name: nn.Parameter(t.detach().to(self.device, torch.float32).clone())
+            for name, t in params.items()}
+        self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
+        self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr, betas=betas,
+                                          eps=adam_eps)
+        self.max_staleness = int(max_staleness)
+        self.staleness_scaling = bool(staleness_scaling)
+        self.live_window_s = float(live_window_s)
+        self.version = 0
+        self.checkpoint_version = 0
+        self.counters = Counters()
+        self._clients = _Clients()
+        self._lock = threading.Lock()
+        # Notified on every version change (and on close) so watchers wake at once.
+        self.changed = threading.Condition(self._lock)
+        self.closed = False
+
+    @classmethod
+    def from_model(cls, model: nn.Module, **kwargs) -> "ParameterStore":
+        return cls(dict(model.named_parameters()), **kwargs)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.params.values())
+
+    # -- gradients ---------------------------------------------------------------------
+
+    def validate(self, grads: Mapping[str, torch.Tensor]) -> None:
+        """Raises InvalidArgument naming the first bad tensor; touches nothing."""
+        if not grads:
+            raise InvalidArgument("the push holds no gradients")
+        for name, g in grads.items():
+            if name not in self.shapes:
+                known = ", ".join(list(self.shapes)[:8])
+                raise InvalidArgument(f"{name}: not a parameter of the model (known: {known}"
+                                      f"{', ...' if len(self.shapes) > 8 else ''})")
+            if not isinstance(g, torch.Tensor) or not g.is_floating_point():
+                raise InvalidArgument(f"{name}: gradient must be a floating-point tensor, got "
+                                      f"{getattr(g, 'dtype', type(g).__name__)}")
+            if tuple(g.shape) != self.shapes[name]:
+                raise InvalidArgument(f"{name}: gradient shape {list(g.shape)} differs from the "
+                                      f"parameter's {list(self.shapes[name])}")
+        finite = torch.stack([torch.isfinite(g).all() for g in grads.values()])
+        if not bool(finite.all()):
+            bad = [n for n, ok in zip(grads, finite.tolist()) if not ok]
+            raise InvalidArgument(f"{bad[0]}: gradient contains NaN or infinite values"
+                                  + (f" (also {', '.join(bad[1:4])})" if len(bad) > 1 else ""))
+
+    def apply(self, base_version: int, grads: Mapping[str, torch.Tensor], *,
+              learner_id: str = "", batch_size: int = 0, wire_bytes: int = 0) -> ApplyResult:
+        """Applies one gradient computed on ``base_version`` (see the module docstring).
+
+        Raises InvalidArgument (nothing changed but the counter) or FailedPrecondition with
+        ``current_version`` when the gradient is too stale.
+        """
+        with self._lock:
+            self.counters.gradient_bytes_received += int(wire_bytes)
+            if learner_id:
+                self._clients.learners_seen[learner_id] = time.monotonic()
+        try:
+            self.validate(grads)
+        except InvalidArgument:
+            self.note_invalid_push()
+            raise
+        with self._lock:
+            staleness = self.version - int(base_version)
+            if staleness < 0 or staleness > self.max_staleness:
+                self.counters.pushes_rejected_stale += 1
+                if staleness < 0:
+                    raise FailedPrecondition(
+                        f"base_version {base_version} is ahead of the server's version "
+                        f"{self.version} (the server restarted from a checkpoint?); pull the "
+                        f"current weights and retry", current_version=self.version)
+                raise FailedPrecondition(
+                    f"gradient too stale: computed on version {base_version}, server is at "
+                    f"{self.version} (staleness {staleness} > max_staleness "
+                    f"{self.max_staleness}); pull the current weights", current_version=self.version)
+            scale = 1.0 / (1.0 + staleness) if self.staleness_scaling else 1.0
+            for name, g in grads.items():
+                g = g.to(self.device, torch.float32)
+                self.params[name].grad = g * scale if scale != 1.0 else g.clone()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.version += 1
+            scaled = scale != 1.0
+            if scaled:
+                self.counters.pushes_scaled += 1
+            else:
+                self.counters.pushes_applied += 1
+            self.counters.max_staleness_accepted = max(self.counters.max_staleness_accepted,
+                                                       staleness)
+            self.counters.transitions_trained += int(batch_size)
+            self.changed.notify_all()
+            return ApplyResult(self.version, staleness, scale, scaled)
+
+    def note_invalid_push(self) -> None:
+        """Counts a push rejected as malformed before it reached ``apply``."""
+        with self._lock:
+            self.counters.pushes_rejected_invalid += 1
+
+    # -- weights -----------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """(version, a consistent copy of the weights in serving order)."""
+        with self._lock:
+            return self.version, {n: p.detach().clone() for n, p in self.params.items()}
+
+    def count_pull(self, *, unchanged: bool) -> None:
+        with self._lock:
+            if unchanged:
+                self.counters.pulls_unchanged += 1
+            else:
+                self.counters.pulls_with_weights += 1
+
+    def wait_for_version(self, have_version: int, timeout: float | None) -> int:
+        """Blocks until the version differs from ``have_version`` (or timeout/close)."""
+        with self._lock:
+            if self.version == have_version and not self.closed:
+                self.changed.wait(timeout)
+            return self.version
+
+    def close(self) -> None:
+        """Wakes every waiter for good (server shutdown)."""
+        with self._lock:
+            self.closed = True
+            self.changed.notify_all()
+
+    # -- state for checkpoints -----------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """A deep copy of weights, optimizer state, version and names (for checkpoints)."""
+        with self._lock:
+            return {
+                "version": self.version,
+                "names": list(self.params),
+                "shapes": [list(s) for s in self.shapes.values()],
+                "params": {n: p.detach().clone().cpu() for n, p in self.params.items()},
+                "optimizer": _clone_tensors(self.optimizer.state_dict()),
+            }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restores ``state_dict()`` output; InvalidArgument if it is for another model."""
+        names = list(state["names"])
+        if names != list(self.params):
+            raise InvalidArgument(f"checkpoint parameters {names[:4]}... do not match the "
+                                  f"model's {list(self.params)[:4]}...")
+        for n in names:
+            t = state["params"][n]
+            if tuple(t.shape) != self.shapes[n]:
+                raise InvalidArgument(f"checkpoint {n}: shape {list(t.shape)} differs from the "
+                                      f"model's {list(self.shapes[n])}")
+        with self._lock:
+            with torch.no_grad():
+                for n in names:
+                    self.params[n].copy_(state["params"][n].to(self.device, torch.float32))
+            hyper = [{k: g[k] for k in ("lr", "eps", "betas")} for g in self.optimizer.param_groups]
+            self.optimizer.load_state_dict(state["optimizer"])
+            for g, h in zip(self.optimizer.param_groups, hyper):
+                g.update(h)  # the config of this run wins over the checkpoint's (e.g. a new lr)
+            self.version = int(state["version"])
+            self.checkpoint_version = self.version
+            self.changed.notify_all()
+
+    # -- clients and Info ----------------------------------------------------------------
+
+    def note_client(self, client_id: str) -> None:
+        if client_id:
+            with self._lock:
+                self._clients.last_seen[client_id] = time.monotonic()
+
+    def watch_started(self, client_id: str) -> None:
+        with self._lock:
+            self._clients.watching[client_id] = self._clients.watching.get(client_id, 0) + 1
+            if client_id:
+                self._clients.last_seen[client_id] = time.monotonic()
+
+    def watch_ended(self, client_id: str) -> None:
+        with self._lock:
+            left = self._clients.watching.get(client_id, 0) - 1
+            if left > 0:
+                self._clients.watching[client_id] = left
+            else:
+                self._clients.watching.pop(client_id, None)
+            if client_id:
+                self._clients.last_seen[client_id] = time.monotonic()
+
+    def live_clients(self) -> tuple[int, int, int]:
+        """(clients_live, actors_live, learners_live) within the live window."""
+        now = time.monotonic()
+        horizon = now - self.live_window_s
+        with self._lock:
+            for d in (self._clients.last_seen, self._clients.learners_seen):
+                for k in [k for k, t in d.items() if t < horizon]:
+                    del d[k]  # forget ids that left, so the maps stay small
+            live = set(self._clients.last_seen) | {k for k in self._clients.watching if k}
+            learners = len(self._clients.learners_seen)
+        return len(live), sum(1 for c in live if c.startswith("actor")), learners
+
+    def info(self) -> dict:
+        """Everything ParameterServiceInfoResponse reports, as a dict of its field names."""
+        clients, actors, learners = self.live_clients()
+        with self._lock:
+            c = copy.copy(self.counters)
+            version, ckpt = self.version, self.checkpoint_version
+        return {
+            "version": version,
+            "pushes_applied": c.pushes_applied,
+            "pushes_scaled": c.pushes_scaled,
+            "pushes_rejected_stale": c.pushes_rejected_stale,
+            "pushes_rejected_invalid": c.pushes_rejected_invalid,
+            "max_staleness": c.max_staleness_accepted,
+            "pulls_with_weights": c.pulls_with_weights,
+            "pulls_unchanged": c.pulls_unchanged,
+            "gradient_bytes_received": c.gradient_bytes_received,
+            "checkpoint_version": ckpt,
+            "clients_live": clients,
+            "actors_live": actors,
+            "learners_live": learners,
+            "live_window_seconds": self.live_window_s,
+            "num_tensors": len(self.params),
+            "num_parameters": self.num_parameters,
+            "transitions_trained": c.transitions_trained,
+        }
+
+
+def _clone_tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone().cpu()
+    if isinstance(obj, dict):
+        return {k: _clone_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone_tensors(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_clone_tensors(v) for v in obj)
+    return obj

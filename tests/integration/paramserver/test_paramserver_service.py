@@ -1,0 +1,331 @@
+"""ParameterService on a real gRPC server on loopback, called through ParameterClient
+and, where the wire itself is the point, through the raw stub."""
+
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from amprl import errors
+from amprl.compression import ErrorFeedback, decode, encode
+from amprl.config import config_from_dict
+from amprl.paramserver.client import ParameterClient, load_into
+from amprl.paramserver.service import create_server
+from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
+
+
+def small_model(seed=0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
+
+
+def wide_model(seed=0) -> nn.Module:
+    # 8 x (64*64 + 64) fp32 = ~135 KB: several times a 40 KB message limit.
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Linear(64, 64) for _ in range(8)])
+
+
+@pytest.fixture
+def start_server():
+    started = []
+
+    def start(model=None, max_message_bytes=None, **cfg_overrides):
+        cfg = config_from_dict({"paramserver": {"lr": 1e-2, **cfg_overrides}})
+        kwargs = {"max_message_bytes": max_message_bytes} if max_message_bytes else {}
+        ps = create_server(cfg, model or small_model(), host="127.0.0.1", port=0, **kwargs)
+        client = ParameterClient(f"127.0.0.1:{ps.port}", "learner-0", timeout_s=10)
+        started.append((ps, client))
+        return ps, client
+
+    yield start
+    for ps, client in started:
+        client.close()
+        ps.stop(grace_s=0)
+
+
+def fp32_grads(ps, seed=0, names=None):
+    g = torch.Generator().manual_seed(seed)
+    return [encode(n, torch.randn(s, generator=g), "fp32") for n, s in ps.store.shapes.items()
+            if names is None or n in names]
+
+
+def test_push_then_pull_returns_the_stepped_weights(start_server):
+    model = small_model()
+    ps, client = start_server(model)
+    version, weights = client.pull()
+    assert version == 0 and list(weights) == [n for n, _ in model.named_parameters()]
+    assert all(torch.equal(weights[n], p.detach()) for n, p in model.named_parameters())
+    reply = client.push(0, fp32_grads(ps), batch_size=64)
+    assert reply.version == 1 and reply.disposition == paramserver_pb2.PUSH_DISPOSITION_APPLIED
+    assert reply.staleness == 0 and reply.scale == 1.0
+    version, new = client.pull(have_version=0)
+    assert version == 1
+    assert all(torch.equal(new[n], ps.store.params[n].detach()) for n in new)
+    assert not torch.equal(new["0.weight"], weights["0.weight"])
+    load_into(model, new)
+    info = client.info()
+    assert (info.version, info.pushes_applied, info.transitions_trained) == (1, 1, 64)
+    assert info.learners_live == 1 and info.num_tensors == 6
+
+
+def test_an_unchanged_pull_carries_only_the_version(start_server):
+    ps, client = start_server()
+    client.push(0, fp32_grads(ps))
+    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    replies = list(stub.PullParameters(paramserver_pb2.PullParametersRequest(have_version=1,
+                                                                             client_id="actor-0")))
+    assert len(replies) == 1
+    r = replies[0]
+    assert r.unchanged and r.last and r.version == 1 and len(r.parameters) == 0
+    assert r.ByteSize() < 16
+    assert client.pull(have_version=1) == (1, None)
+    info = client.info()
+    assert info.pulls_unchanged == 2 and info.pulls_with_weights == 0
+    assert info.actors_live == 1 and info.clients_live == 2
+
+
+def test_a_model_over_the_message_limit_is_pulled_in_chunks(start_server):
+    model = wide_model()
+    limit = 40 * 1024
+    ps, client = start_server(model, max_message_bytes=limit)
+    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    replies = list(stub.PullParameters(paramserver_pb2.PullParametersRequest()))
+    assert len(replies) >= 4
+    assert all(r.ByteSize() <= limit for r in replies)
+    assert [r.last for r in replies] == [False] * (len(replies) - 1) + [True]
+    assert {r.version for r in replies} == {0}
+    names = [t.name for r in replies for t in r.parameters]
+    assert names == [n for n, _ in model.named_parameters()]
+    _, weights = client.pull()
+    assert all(torch.equal(weights[n], p.detach()) for n, p in model.named_parameters())
+    # Pushes of the whole model still fit in one message as 1-bit.
+    ef = ErrorFeedback("onebit", block_size=256, min_elements=64)
+    msgs = ef.compress({n: torch.randn_like(p) for n, p in model.named_parameters()})
+    assert client.push(0, msgs).version == 1
+
+
+def test_a_parameter_larger_than_the_message_limit_is_refused_at_startup():
+    cfg = config_from_dict({})
+    with pytest.raises(errors.ConfigError, match="does not fit one message"):
+        create_server(cfg, nn.Linear(256, 256), host="127.0.0.1", port=0, max_message_bytes=64 * 1024)
+
+
+@pytest.mark.parametrize("encoding,tol", [("bf16", 2**-8), ("fp16", 2**-11)])
+def test_weights_can_be_pulled_in_half_precision(start_server, encoding, tol):
+    model = small_model()
+    _, client = start_server(model)
+    _, weights = client.pull(encoding=encoding)
+    for n, p in model.named_parameters():
+        assert torch.allclose(weights[n], p.detach(), rtol=tol, atol=1e-6)
+
+
+def test_onebit_pushes_with_error_feedback_are_applied(start_server):
+    ps, client = start_server()
+    ef = ErrorFeedback("onebit", block_size=64, min_elements=64)
+    version = 0
+    for step in range(5):
+        g = {n: torch.randn(s) for n, s in ps.store.shapes.items()}
+        version = client.push(version, ef.compress(g), batch_size=32).version
+    assert version == 5
+    info = client.info()
+    assert 0 < info.gradient_bytes_received < 5 * 4 * info.num_parameters / 8
+
+
+def test_subset_pushes_step_only_the_named_parameters(start_server):
+    ps, client = start_server()
+    client.push(0, fp32_grads(ps))
+    _, before = client.pull()
+    client.push(1, fp32_grads(ps, 1, names={"4.weight", "4.bias"}))
+    _, after = client.pull()
+    for n in before:
+        assert torch.equal(before[n], after[n]) == (n not in {"4.weight", "4.bias"}), n
+
+
+def test_watch_coalesces_for_a_slow_subscriber(start_server):
+    ps, client = start_server(max_staleness=1000)
+    with client.watch(have_version=0) as watch:
+        assert watch.next(timeout=5) == 0  # 0 = "none held": the current version at once
+        client.push(0, fp32_grads(ps))
+        assert watch.next(timeout=5) == 1
+        # The subscriber is busy while 30 versions go by...
+        for v in range(1, 31):
+            client.push(v, fp32_grads(ps, v))
+        time.sleep(0.3)
+        # ...then gets the newest one, and no backlog behind it.
+        assert watch.next(timeout=5) == 31
+        assert watch.next(timeout=0.3) is None
+        client.push(31, fp32_grads(ps, 31))
+        assert watch.next(timeout=5) == 32
+
+
+def test_watch_first_message_is_the_current_version_when_it_differs(start_server):
+    ps, client = start_server()
+    client.push(0, fp32_grads(ps))
+    with client.watch(have_version=0) as watch:
+        assert watch.next(timeout=5) == 1
+    with client.watch(have_version=1) as watch:
+        assert watch.next(timeout=0.3) is None
+
+
+def test_watch_ends_cleanly_on_client_cancel(start_server):
+    ps, client = start_server()
+    watch = client.watch(have_version=5)
+    assert watch.next(timeout=5) == 0
+    deadline = time.monotonic() + 5
+    while ps.servicer._watchers != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    watch.cancel()
+    assert list(watch) == []
+    while ps.servicer._watchers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ps.servicer._watchers == 0
+    assert client.push(0, fp32_grads(ps)).version == 1  # the server is unaffected
+
+
+def test_watch_ends_cleanly_when_the_server_stops(start_server):
+    ps, client = start_server()
+    watch = client.watch(have_version=0)
+    assert watch.next(timeout=5) == 0
+    assert watch.next(timeout=0.2) is None
+    t = time.monotonic()
+    ps.stop(grace_s=5)
+    assert list(watch) == []  # StopIteration, no error
+    assert time.monotonic() - t < 3
+
+
+def _raw_push(ps, gradients, base_version=0):
+    return paramserver_pb2.PushGradientsRequest(learner_id="learner-x", base_version=base_version,
+                                                gradients=gradients)
+
+
+def _one(ps, name="0.weight", base="fp32", **changes):
+    msg = encode(name, torch.randn(ps.store.shapes[name]), base)
+    for k, v in changes.items():
+        setattr(msg, k, v)
+    return msg
+
+
+def _bad_cases(ps):
+    ok = fp32_grads(ps)
+    nan = encode("0.bias", torch.tensor([float("nan")] + [0.0] * 31), "fp32")
+    inf_scale = _one(ps, base="onebit")
+    inf_scale.scales = np.array([np.inf], "<f4").tobytes()
+    wrong_shape = encode("0.weight", torch.randn(4, 32), "fp32")
+    return {
+        "unknown name": ok + [encode("9.weight", torch.ones(3), "fp32")],
+        "duplicate name": ok + [ok[0]],
+        "shape mismatch": ok[1:] + [wrong_shape],
+        "unspecified encoding": [_one(ps, encoding=tensor_pb2.ENCODING_UNSPECIFIED)],
+        "unknown encoding": [_one(ps, encoding=42)],
+        "wrong byte count": [_one(ps, data=b"\x00" * 12)],
+        "onebit block size 0": [_one(ps, base="onebit", block_size=0)],
+        "onebit wrong scales": [_one(ps, base="onebit", scales=b"\x00\x00")],
+        "nan": ok[:1] + [nan],
+        "inf scale": [inf_scale],
+        "empty": [],
+    }
+
+
+CASES = ["unknown name", "duplicate name", "shape mismatch", "unspecified encoding",
+         "unknown encoding", "wrong byte count", "onebit block size 0", "onebit wrong scales",
+         "nan", "inf scale", "empty"]
+
+
+def test_every_bad_push_is_invalid_argument_and_the_server_keeps_serving(start_server):
+    ps, client = start_server()
+    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    client.push(0, fp32_grads(ps))
+    _, before = client.pull()
+    cases = _bad_cases(ps)
+    for case in CASES:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.PushGradients(_raw_push(ps, cases[case], base_version=1), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
+        assert err.value.details(), case
+        with pytest.raises(errors.InvalidArgument):
+            client.push(1, cases[case])
+    version, after = client.pull()
+    assert version == 1
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert client.info().pushes_rejected_invalid == 2 * len(CASES)
+    assert client.push(1, fp32_grads(ps, 5)).version == 2
+
+
+def test_a_too_stale_push_is_failed_precondition_with_the_current_version(start_server):
+    ps, client = start_server(max_staleness=1)
+    for v in range(3):
+        client.push(v, fp32_grads(ps, v))
+    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PushGradients(_raw_push(ps, fp32_grads(ps), base_version=0), timeout=5)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert ("amprl-current-version", "3") in tuple(err.value.trailing_metadata())
+    with pytest.raises(errors.FailedPrecondition) as exc:
+        client.push(1, fp32_grads(ps))
+    assert exc.value.current_version == 3
+    fut = client.push_future(0, fp32_grads(ps))
+    with pytest.raises(errors.FailedPrecondition) as exc:
+        fut.result(timeout=5)
+    assert exc.value.current_version == 3
+    assert client.push_future(2, fp32_grads(ps)).result(timeout=5).staleness == 1
+    info = client.info()
+    assert info.pushes_rejected_stale == 3 and info.max_staleness == 1
+
+
+def test_staleness_scaling_is_reported_in_the_reply(start_server):
+    ps, client = start_server(max_staleness=4, staleness_scaling=True)
+    for v in range(2):
+        client.push(v, fp32_grads(ps, v))
+    reply = client.push(0, fp32_grads(ps))
+    assert reply.disposition == paramserver_pb2.PUSH_DISPOSITION_SCALED
+    assert reply.staleness == 2 and reply.scale == pytest.approx(1 / 3)
+    assert client.info().pushes_scaled == 1
+
+
+def test_pull_in_onebit_is_refused(start_server):
+    _, client = start_server()
+    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.PullParameters(paramserver_pb2.PullParametersRequest(
+            encoding=tensor_pb2.ENCODING_ONE_BIT)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_many_pushes_in_flight_from_two_learners(start_server):
+    ps, client = start_server(max_staleness=64)
+    other = ParameterClient(f"127.0.0.1:{ps.port}", "learner-1")
+    try:
+        futures = [c.push_future(0, fp32_grads(ps, i)) for i in range(10) for c in (client, other)]
+        versions = sorted(f.result(timeout=10).version for f in futures)
+        assert versions == list(range(1, 21))
+        assert client.info().learners_live == 2
+    finally:
+        other.close()
+
+
+def test_decode_of_pulled_weights_is_exact(start_server):
+    ps, client = start_server()
+    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    (reply,) = list(stub.PullParameters(paramserver_pb2.PullParametersRequest()))
+    for msg in reply.parameters:
+        assert torch.equal(decode(msg), ps.store.params[msg.name].detach())
+
+
+def test_the_client_reconnects_to_a_restarted_server(start_server):
+    ps, client = start_server()
+    client.push(0, fp32_grads(ps))
+    port = ps.port
+    ps.stop(grace_s=0)
+    with pytest.raises((errors.Unavailable, errors.DeadlineExceeded)):
+        client.pull(timeout=0.5)
+    cfg = config_from_dict({})
+    again = create_server(cfg, small_model(), host="127.0.0.1", port=port)
+    try:
+        version, weights = client.pull(timeout=10)  # same client object, same channel
+        assert version == 0 and weights is not None
+        assert client.push(0, fp32_grads(again)).version == 1
+    finally:
+        again.stop(grace_s=0)

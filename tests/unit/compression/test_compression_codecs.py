@@ -1,0 +1,206 @@
+"""The wire encodings and error feedback, as pure functions."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from amprl.compression import ErrorFeedback, decode, encode
+from amprl.compression.codecs import block_scales, pack_signs, unpack_signs
+from amprl.errors import InvalidArgument
+from amprl.v1 import tensor_pb2
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 4099])
+def test_packing_round_trips_exactly(n, device):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g).to(device)
+    x[::5] = 0.0  # zero counts as non-negative
+    packed = pack_signs(x)
+    assert packed.dtype == torch.uint8 and packed.numel() == math.ceil(n / 8)
+    expected = torch.where(x >= 0, 1.0, -1.0)
+    assert torch.equal(unpack_signs(packed, n), expected)
+
+
+def test_bit_7_of_byte_0_is_element_0_and_padding_is_zero():
+    x = torch.tensor([1.0, -1, -1, -1, -1, -1, -1, 0.0, -2.0, 3.0])
+    packed = pack_signs(x).tolist()
+    assert packed == [0b1000_0001, 0b0100_0000]
+    # The same layout as numpy's big-endian packbits.
+    np.testing.assert_array_equal(np.packbits((x.numpy() >= 0).astype(np.uint8)), packed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_onebit_decodes_to_sign_times_block_mean_abs(device):
+    n, block = 1000, 96  # 11 blocks, the last one 40 elements
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(device) * 3
+    msg = encode("layer.weight", x.view(10, 100), "onebit", block_size=block)
+    assert msg.encoding == tensor_pb2.ENCODING_ONE_BIT and list(msg.shape) == [10, 100]
+    assert len(msg.data) == 125 and len(msg.scales) == 4 * 11 and msg.block_size == block
+    y = decode(msg, device=device).view(-1)
+    scales = np.frombuffer(msg.scales, "<f4").copy()
+    xa = x.cpu().numpy()
+    for k in range(11):
+        blk = xa[k * block:(k + 1) * block]
+        assert scales[k] == pytest.approx(np.abs(blk).mean(), rel=1e-5)
+    assert torch.equal(torch.sign(y), torch.where(x >= 0, 1.0, -1.0))
+    expected = torch.as_tensor(np.repeat(scales, block)[:n], device=device) * torch.sign(y)
+    assert torch.allclose(y, expected)
+    assert torch.allclose(block_scales(x, block).cpu(), torch.as_tensor(scales))
+
+
+@pytest.mark.parametrize("encoding,tol", [("fp32", 0.0), ("bf16", 2**-8), ("fp16", 2**-11)])
+def test_dense_encodings_round_trip(encoding, tol):
+    x = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(2))
+    y = decode(encode("w", x, encoding))
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    assert torch.allclose(y, x, rtol=tol, atol=0)
+    exact = torch.tensor([0.5, -2.0, 1.25, 0.0, 1024.0])  # representable in all three
+    assert torch.equal(decode(encode("b", exact, encoding)), exact)
+    bytes_per = {"fp32": 4, "bf16": 2, "fp16": 2}[encoding]
+    assert len(encode("w", x, encoding).data) == bytes_per * x.numel()
+
+
+def test_bf16_keeps_the_fp32_bit_pattern_upper_half():
+    x = torch.tensor([1.0, -3.5, 2.0**100, -(2.0**-100)])  # exact in bf16: no rounding
+    data = encode("w", x, "bf16").data
+    want = (x.numpy().view("<u4") >> 16).astype("<u2").tobytes()
+    assert data == want
+
+
+def test_fp16_saturates_instead_of_sending_inf():
+    y = decode(encode("w", torch.tensor([1e6, -1e6, 1.0]), "fp16"))
+    assert y.tolist() == [65504.0, -65504.0, 1.0]
+
+
+def test_one_million_elements_onebit_is_under_a_thirtieth_of_fp32_on_the_wire():
+    x = torch.randn(1_000_000)
+    one = encode("trunk.0.weight", x, "onebit").SerializeToString()
+    fp32 = encode("trunk.0.weight", x, "fp32").SerializeToString()
+    assert len(fp32) >= 4_000_000
+    assert len(one) <= 4_000_000 / 30, len(one)
+    assert len(fp32) / len(one) > 31
+
+
+def _bad(**changes):
+    msg = encode("net.w", torch.randn(4, 6), "onebit", block_size=8)
+    for k, v in changes.items():
+        setattr(msg, k, v) if k != "shape" else msg.shape.__setitem__(slice(None), v)
+    return msg
+
+
+@pytest.mark.parametrize("msg,match", [
+    (_bad(data=b"\x00" * 2), "bytes of sign bits"),
+    (_bad(scales=b"\x00" * 8), "bytes of scales"),
+    (_bad(block_size=0), "block_size"),
+    (_bad(block_size=5), "bytes of scales"),
+    (_bad(encoding=tensor_pb2.ENCODING_UNSPECIFIED), "unknown encoding"),
+    (_bad(encoding=99), "unknown encoding"),
+    (_bad(shape=[4, -6]), "negative dimension"),
+    (_bad(scales=np.array([1, np.nan, 1], "<f4").tobytes()), "NaN or infinite"),
+    (_bad(scales=np.array([1, np.inf, 1], "<f4").tobytes()), "NaN or infinite"),
+])
+def test_decode_rejects_malformed_onebit_naming_the_tensor(msg, match):
+    with pytest.raises(InvalidArgument, match=match) as err:
+        decode(msg)
+    assert "net.w" in str(err.value)
+
+
+@pytest.mark.parametrize("encoding", ["fp32", "fp16", "bf16"])
+def test_decode_rejects_malformed_dense(encoding):
+    msg = encode("head.b", torch.ones(10), encoding)
+    short = tensor_pb2.CompressedTensor()
+    short.CopyFrom(msg)
+    short.data = msg.data[:-1]
+    with pytest.raises(InvalidArgument, match="head.b.*bytes"):
+        decode(short)
+    nan = encode("head.b", torch.tensor([1.0, float("nan")]), encoding)
+    with pytest.raises(InvalidArgument, match="head.b: contains NaN"):
+        decode(nan)
+    inf = encode("head.b", torch.tensor([1.0, float("inf")]), "fp32")
+    with pytest.raises(InvalidArgument, match="NaN or infinite"):
+        decode(inf)
+    with_scales = tensor_pb2.CompressedTensor()
+    with_scales.CopyFrom(msg)
+    with_scales.scales = b"\x00" * 4
+    with pytest.raises(InvalidArgument, match="only valid with ENCODING_ONE_BIT"):
+        decode(with_scales)
+
+
+def test_encode_rejects_unknown_encoding_and_integer_tensors():
+    with pytest.raises(InvalidArgument, match="unknown encoding"):
+        encode("w", torch.ones(3), "int4")
+    with pytest.raises(InvalidArgument, match="not a floating-point"):
+        encode("w", torch.ones(3, dtype=torch.int64), "fp32")
+
+
+def test_error_feedback_delivers_every_gradient_but_the_last_residual():
+    torch.manual_seed(0)
+    ef = ErrorFeedback("onebit", block_size=64, min_elements=16)
+    shape = (40, 50)
+    sum_g = torch.zeros(shape, dtype=torch.float64)
+    sum_d = torch.zeros(shape, dtype=torch.float64)
+    drift = torch.randn(shape)  # a consistent direction plus noise, like real gradients
+    residual_norms, grad_norms = [], []
+    for _ in range(200):
+        g = drift + 2.0 * torch.randn(shape)
+        (msg,) = ef.compress({"w": g})
+        sum_g += g.double()
+        sum_d += decode(msg).double()
+        residual_norms.append(ef.residuals["w"].norm().item())
+        grad_norms.append(g.norm().item())
+    r_T = ef.residuals["w"].double()
+    # sum of what was sent = sum of gradients - final residual (up to fp32 rounding)
+    assert torch.allclose(sum_d, sum_g - r_T, atol=1e-3, rtol=0)
+    # The residual does not grow with T: it settles within a small multiple of one gradient.
+    assert max(residual_norms) < 3 * max(grad_norms)
+    assert max(residual_norms[150:]) < 1.25 * max(residual_norms[50:100])
+    # Without error feedback the accumulated error grows with T.
+    no_ef = sum(decode(encode("w", drift + 2.0 * torch.randn(shape), "onebit", 64)).double()
+                for _ in range(200))
+    assert (sum_g - sum_d).norm() < (200 * drift.double() - no_ef).norm()
+
+
+def test_error_feedback_small_tensors_go_dense_with_zero_residual():
+    ef = ErrorFeedback("onebit", block_size=256, min_elements=64)
+    msgs = ef.compress({"w": torch.randn(8, 16), "b": torch.randn(63)})
+    enc = {m.name: m.encoding for m in msgs}
+    assert enc == {"w": tensor_pb2.ENCODING_ONE_BIT, "b": tensor_pb2.ENCODING_FP32}
+    assert set(ef.residuals) == {"w"}
+    assert [m.name for m in msgs] == ["w", "b"]
+
+
+def test_error_feedback_fp32_is_lossless_and_bf16_keeps_residuals():
+    g = torch.randn(100, 30)
+    ef = ErrorFeedback("fp32", min_elements=0)
+    (msg,) = ef.compress({"w": g})
+    assert torch.equal(decode(msg), g) and not ef.residuals
+    ef = ErrorFeedback("bf16", min_elements=0)
+    (msg,) = ef.compress({"w": g})
+    assert torch.allclose(decode(msg) + ef.residuals["w"], g, atol=1e-6)
+
+
+def test_error_feedback_refuses_non_finite_steps_and_keeps_its_residuals():
+    ef = ErrorFeedback("onebit", block_size=32, min_elements=0)
+    ef.compress({"a": torch.randn(64), "b": torch.randn(64)})
+    before = {k: v.clone() for k, v in ef.residuals.items()}
+    bad = torch.randn(64)
+    bad[3] = float("nan")
+    with pytest.raises(InvalidArgument, match="non-finite gradient in b"):
+        ef.compress({"a": torch.randn(64), "b": bad})
+    assert all(torch.equal(before[k], ef.residuals[k]) for k in before)
+    ef.reset()
+    assert ef.residual_norm() == 0.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_error_feedback_runs_on_the_gradients_device():
+    ef = ErrorFeedback("onebit", block_size=2048, min_elements=64)
+    g = torch.randn(1000, 1000, device="cuda")
+    (msg,) = ef.compress({"w": g})
+    assert ef.residuals["w"].device.type == "cuda"
+    assert torch.allclose(decode(msg, device="cuda") + ef.residuals["w"], g, atol=1e-5)

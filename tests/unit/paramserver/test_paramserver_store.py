@@ -1,0 +1,220 @@
+"""ParameterStore: Adam steps, the staleness rule, subset pushes and input validation."""
+
+import copy
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from amprl.errors import FailedPrecondition, InvalidArgument
+from amprl.paramserver.store import ParameterStore
+
+
+def tiny_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    m = nn.Module()
+    m.actor = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    m.critic = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 1))
+    return m
+
+
+def grads_for(store: ParameterStore, seed: int = 1, names=None) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=g) for n, s in store.shapes.items()
+            if names is None or n in names}
+
+
+def weights(store: ParameterStore) -> dict[str, torch.Tensor]:
+    return store.snapshot()[1]
+
+
+def optimizer_state(store: ParameterStore) -> dict:
+    return copy.deepcopy(store.optimizer.state_dict()["state"])
+
+
+def assert_same_state(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].keys() == b[k].keys()
+        for kk in a[k]:
+            assert torch.equal(a[k][kk], b[k][kk]), (k, kk)
+
+
+def test_apply_is_one_adam_step_and_advances_the_version():
+    model = tiny_model()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-8)
+    store = ParameterStore.from_model(model, lr=1e-2)
+    for step in range(3):
+        grads = grads_for(store, seed=step)
+        result = store.apply(step, grads, learner_id="learner-0", batch_size=32)
+        assert (result.version, result.staleness, result.scale, result.scaled) == (step + 1, 0, 1.0, False)
+        for n, p in ref.named_parameters():
+            p.grad = grads[n].clone()
+        opt.step()
+    for n, p in ref.named_parameters():
+        assert torch.allclose(weights(store)[n], p.detach(), atol=1e-7), n
+    info = store.info()
+    assert info["version"] == 3 and info["pushes_applied"] == 3 and info["transitions_trained"] == 96
+
+
+def test_stale_gradient_within_the_bound_is_applied_as_sent():
+    store = ParameterStore.from_model(tiny_model(), max_staleness=2)
+    for v in range(3):
+        store.apply(v, grads_for(store, v))
+    result = store.apply(1, grads_for(store, 9))
+    assert (result.staleness, result.scale, result.scaled, result.version) == (2, 1.0, False, 4)
+    assert store.info()["max_staleness"] == 2
+
+
+def test_stale_gradient_is_scaled_by_one_over_one_plus_staleness():
+    a = ParameterStore.from_model(tiny_model(), max_staleness=4, staleness_scaling=True, lr=1e-2)
+    b = ParameterStore.from_model(tiny_model(), max_staleness=4, staleness_scaling=False, lr=1e-2)
+    for store in (a, b):
+        for v in range(3):
+            store.apply(v, grads_for(store, v))
+    g = grads_for(a, 7)
+    result = a.apply(0, g)  # staleness 3
+    assert result.scaled and result.scale == pytest.approx(0.25) and result.staleness == 3
+    b.apply(3, {n: t * 0.25 for n, t in g.items()})
+    for n in a.shapes:
+        assert torch.allclose(weights(a)[n], weights(b)[n], atol=1e-7)
+    assert a.info()["pushes_scaled"] == 1 and a.info()["pushes_applied"] == 3
+
+
+def test_too_stale_is_rejected_with_the_current_version_and_changes_nothing():
+    store = ParameterStore.from_model(tiny_model(), max_staleness=1)
+    for v in range(3):
+        store.apply(v, grads_for(store, v))
+    before, state = weights(store), optimizer_state(store)
+    with pytest.raises(FailedPrecondition, match="too stale") as err:
+        store.apply(1, grads_for(store, 5))
+    assert err.value.current_version == 3
+    with pytest.raises(FailedPrecondition, match="ahead of") as err:
+        store.apply(7, grads_for(store, 5))
+    assert err.value.current_version == 3
+    assert store.version == 3 and store.info()["pushes_rejected_stale"] == 2
+    assert all(torch.equal(before[n], weights(store)[n]) for n in before)
+    assert_same_state(state, optimizer_state(store))
+
+
+def test_subset_push_steps_only_the_named_parameters_and_leaves_the_others_adam_state():
+    store = ParameterStore.from_model(tiny_model())
+    store.apply(0, grads_for(store, 0))  # every parameter has Adam state now
+    before, state = weights(store), optimizer_state(store)
+    critic = [n for n in store.shapes if n.startswith("critic")]
+    store.apply(1, grads_for(store, 1, names=critic))
+    after, state_after = weights(store), optimizer_state(store)
+    names = list(store.shapes)
+    for i, n in enumerate(names):
+        if n in critic:
+            assert not torch.equal(before[n], after[n]), n
+            assert state_after[i]["step"] == state[i]["step"] + 1
+        else:
+            assert torch.equal(before[n], after[n]), n
+            for k in state[i]:
+                assert torch.equal(state[i][k], state_after[i][k]), (n, k)
+    assert store.version == 2
+
+
+def test_subset_push_before_any_full_push_creates_no_state_for_absent_parameters():
+    store = ParameterStore.from_model(tiny_model())
+    critic = [n for n in store.shapes if n.startswith("critic")]
+    store.apply(0, grads_for(store, 0, names=critic))
+    idx = {n: i for i, n in enumerate(store.shapes)}
+    state = store.optimizer.state_dict()["state"]
+    assert set(state) == {idx[n] for n in critic}
+
+
+def _nan(store):
+    g = grads_for(store)
+    last = list(g)[-1]  # the bad tensor comes after valid ones: nothing may be half-applied
+    g[last] = g[last].clone()
+    g[last].view(-1)[0] = float("nan")
+    return g
+
+
+def _inf(store):
+    g = grads_for(store)
+    first = list(g)[0]
+    g[first] = torch.full_like(g[first], float("inf"))
+    return g
+
+
+BAD_PUSHES = {
+    "unknown name": (lambda s: {**grads_for(s), "critic.9.weight": torch.ones(2)}, "not a parameter"),
+    "wrong shape": (lambda s: {**grads_for(s), "actor.0.weight": torch.ones(3, 4)}, "shape"),
+    "integer dtype": (lambda s: {**grads_for(s), "actor.0.bias": torch.ones(4, dtype=torch.int64)},
+                      "floating-point"),
+    "nan": (_nan, "NaN or infinite"),
+    "inf": (_inf, "NaN or infinite"),
+    "empty": (lambda s: {}, "no gradients"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PUSHES))
+def test_every_bad_push_is_invalid_argument_and_leaves_the_store_untouched(case):
+    make, match = BAD_PUSHES[case]
+    store = ParameterStore.from_model(tiny_model())
+    store.apply(0, grads_for(store, 0))
+    before, state = weights(store), optimizer_state(store)
+    with pytest.raises(InvalidArgument, match=match):
+        store.apply(1, make(store))
+    assert store.version == 1
+    assert all(torch.equal(before[n], weights(store)[n]) for n in before)
+    assert_same_state(state, optimizer_state(store))
+    assert store.info()["pushes_rejected_invalid"] == 1
+    store.apply(1, grads_for(store, 3))  # and it keeps working
+    assert store.version == 2
+
+
+def test_concurrent_pushes_are_each_applied_once():
+    store = ParameterStore.from_model(tiny_model(), max_staleness=1000)
+    errors = []
+
+    def learner(k):
+        try:
+            for i in range(25):
+                store.apply(store.version, grads_for(store, k * 100 + i), learner_id=f"learner-{k}")
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=learner, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert store.version == 100 and store.info()["pushes_applied"] == 100
+    assert store.info()["learners_live"] == 4
+
+
+def test_live_clients_count_recent_callers_and_open_watches(monkeypatch):
+    store = ParameterStore.from_model(tiny_model(), live_window_s=10.0)
+    clock = [1000.0]
+    monkeypatch.setattr("amprl.paramserver.store.time.monotonic", lambda: clock[0])
+    store.note_client("actor-0")
+    store.note_client("actor-1")
+    store.note_client("evaluator")
+    store.watch_started("actor-2")
+    store.apply(0, grads_for(store), learner_id="learner-0")
+    assert store.live_clients() == (4, 3, 1)
+    clock[0] += 11.0  # only the open watch is still live
+    assert store.live_clients() == (1, 1, 0)
+    store.watch_ended("actor-2")
+    assert store.live_clients() == (1, 1, 0)  # it just left: seen within the window
+    clock[0] += 11.0
+    assert store.live_clients() == (0, 0, 0)
+
+
+def test_wait_for_version_wakes_on_apply_and_on_close():
+    store = ParameterStore.from_model(tiny_model())
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(store.wait_for_version(0, timeout=10)))
+    t.start()
+    store.apply(0, grads_for(store))
+    t.join(timeout=5)
+    assert seen == [1]
+    store.close()
+    assert store.wait_for_version(1, timeout=10) == 1  # returns at once once closed
