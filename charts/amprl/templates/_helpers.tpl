@@ -1,0 +1,223 @@
+{{/*
+Names. Every object is "<release>-amprl-<component>", never shortened or truncated: the
+documented `kubectl scale deployment/<release>-amprl-actor` must name the real Deployment.
+A release name longer than 36 characters would push the longest derived names (StatefulSet
+revision labels, headless Service names) past the 63-character DNS label limit, so it fails
+at render time instead.
+*/}}
+{{- define "amprl.name" -}}
+{{- .Chart.Name -}}
+{{- end -}}
+
+{{- define "amprl.fullname" -}}
+{{- if gt (len .Release.Name) 36 -}}
+{{- fail (printf "release name %q is %d characters; AMP-RL needs at most 36 so that derived names such as %s-amprl-replay-headless stay valid DNS labels" .Release.Name (len .Release.Name) .Release.Name) -}}
+{{- end -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name -}}
+{{- end -}}
+
+{{/* "<release>-amprl-<component>"; call with (dict "ctx" $ "component" "actor"). */}}
+{{- define "amprl.componentName" -}}
+{{- printf "%s-%s" (include "amprl.fullname" .ctx) .component -}}
+{{- end -}}
+
+{{- define "amprl.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" -}}
+{{- end -}}
+
+{{/* Selector labels of one component; stable across upgrades (never add the version). */}}
+{{- define "amprl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "amprl.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Standard labels of one component's objects and pods. */}}
+{{- define "amprl.labels" -}}
+{{ include "amprl.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: amprl
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ include "amprl.chart" .ctx }}
+{{- end -}}
+
+{{/* Labels of release-wide objects (ConfigMap, default-deny policy). */}}
+{{- define "amprl.commonLabels" -}}
+app.kubernetes.io/name: {{ include "amprl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: amprl
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ include "amprl.chart" . }}
+{{- end -}}
+
+{{/* repository@digest when a digest is set, else repository:tag. Call with an image map. */}}
+{{- define "amprl.imageRef" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository (toString .tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Stable DNS names. */}}
+{{- define "amprl.svcDomain" -}}
+{{- printf "%s.svc.%s" .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{/*
+AMPRL_REPLAY_ADDRESS: every replay shard, in shard order, comma-separated. Shard i is the
+StatefulSet pod <release>-amprl-replay-<i>, reached through the headless Service by its
+stable name, so an actor or learner always talks to the same shard across restarts.
+With one shard this is a single host:port.
+*/}}
+{{- define "amprl.replayAddress" -}}
+{{- $sts := include "amprl.componentName" (dict "ctx" . "component" "replay") -}}
+{{- $headless := printf "%s-headless" $sts -}}
+{{- $addrs := list -}}
+{{- range $i := until (int .Values.replay.shards) -}}
+{{- $addrs = append $addrs (printf "%s-%d.%s.%s:%d" $sts $i $headless (include "amprl.svcDomain" $) (int $.Values.replay.port)) -}}
+{{- end -}}
+{{- join "," $addrs -}}
+{{- end -}}
+
+{{/* AMPRL_PARAMSERVER_ADDRESS of learners: the push port (every RPC). */}}
+{{- define "amprl.paramserverPushAddress" -}}
+{{- printf "%s.%s:%d" (include "amprl.componentName" (dict "ctx" . "component" "paramserver")) (include "amprl.svcDomain" .) (int .Values.paramserver.port) -}}
+{{- end -}}
+
+{{/* AMPRL_PARAMSERVER_ADDRESS of actors and the evaluator: the read-only pull port. */}}
+{{- define "amprl.paramserverPullAddress" -}}
+{{- printf "%s.%s:%d" (include "amprl.componentName" (dict "ctx" . "component" "paramserver")) (include "amprl.svcDomain" .) (int .Values.paramserver.pullPort) -}}
+{{- end -}}
+
+{{- define "amprl.redisSecretName" -}}
+{{- default (include "amprl.componentName" (dict "ctx" . "component" "redis")) .Values.redis.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "amprl.redisSecretKey" -}}
+{{- if .Values.redis.auth.existingSecret -}}
+{{- .Values.redis.auth.existingSecretKey -}}
+{{- else -}}
+redis-password
+{{- end -}}
+{{- end -}}
+
+{{- define "amprl.tlsServerName" -}}
+{{- default (include "amprl.fullname" .) .Values.tls.serverName -}}
+{{- end -}}
+
+{{/* Pod-template annotations: roll pods when the experiment config changes. */}}
+{{- define "amprl.podAnnotations" -}}
+checksum/experiment: {{ toYaml .Values.experiment | sha256sum }}
+{{- end -}}
+
+{{/* Env every AMP-RL service gets; call with (dict "ctx" $ "port" 50051). */}}
+{{- define "amprl.commonEnv" -}}
+- name: AMPRL_CONFIG
+  value: /etc/amprl/experiment.yaml
+- name: AMPRL_HOST
+  value: "0.0.0.0"
+- name: AMPRL_PORT
+  value: {{ .port | quote }}
+- name: AMPRL_LOG_LEVEL
+  value: {{ .ctx.Values.logLevel | quote }}
+- name: AMPRL_RUN_DIR
+  value: /var/lib/amprl
+- name: HOME
+  value: /tmp
+{{- if .ctx.Values.tls.enabled }}
+- name: AMPRL_TLS_CERT_DIR
+  value: /etc/amprl/tls
+- name: AMPRL_TLS_SERVER_NAME
+  value: {{ include "amprl.tlsServerName" .ctx | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Mounts every AMP-RL container gets (the run directory is added per component). */}}
+{{- define "amprl.commonVolumeMounts" -}}
+- name: experiment
+  mountPath: /etc/amprl/experiment.yaml
+  subPath: experiment.yaml
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: /etc/amprl/tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "amprl.commonVolumes" -}}
+- name: experiment
+  configMap:
+    name: {{ include "amprl.componentName" (dict "ctx" . "component" "experiment") }}
+- name: tmp
+  emptyDir:
+    sizeLimit: 1Gi
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ required "tls.secretName is required when tls.enabled is true" .Values.tls.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{/*
+Probes of an AMP-RL container on its health service; call with (dict "ctx" $ "port" N
+"startupSeconds" S). Without TLS they are the kubelet's native gRPC probes. With TLS they
+exec the image's probe module, which dials the same port with the mounted CA, because the
+native probe cannot speak TLS. The startup probe covers imports and, for replay, rebuilding
+the index from Redis; liveness then only restarts a server that stops answering.
+*/}}
+{{- define "amprl.grpcProbes" -}}
+{{- $check := dict -}}
+{{- if .ctx.Values.tls.enabled -}}
+{{- $check = dict "exec" (dict "command" (list "python" "-m" "amprl.common.healthcheck" "--port" (toString .port))) -}}
+{{- else -}}
+{{- $check = dict "grpc" (dict "port" (int .port)) -}}
+{{- end -}}
+startupProbe:
+  {{- toYaml $check | nindent 2 }}
+  periodSeconds: 5
+  timeoutSeconds: 5
+  failureThreshold: {{ div (int (default 300 .startupSeconds)) 5 }}
+livenessProbe:
+  {{- toYaml $check | nindent 2 }}
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 3
+readinessProbe:
+  {{- toYaml $check | nindent 2 }}
+  periodSeconds: 5
+  timeoutSeconds: 5
+  failureThreshold: 2
+{{- end -}}
+
+{{/*
+Pod-spec fields every pod shares, plus the component's scheduling (nodeSelector,
+tolerations, affinity); call with (dict "ctx" $ "values" .Values.<component>).
+*/}}
+{{- define "amprl.podCommon" -}}
+automountServiceAccountToken: false
+enableServiceLinks: false
+securityContext:
+  {{- toYaml .ctx.Values.podSecurityContext | nindent 2 }}
+{{- with .ctx.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}

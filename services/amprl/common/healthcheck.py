@@ -1,0 +1,72 @@
+"""Container health probe: asks ``grpc.health.v1.Health`` on this container's own port.
+
+The images' ``HEALTHCHECK`` runs it, and so do the chart's probes when TLS is on (the
+kubelet's native gRPC probe speaks plaintext only). Exit status 0 means SERVING, 1 means
+anything else (not listening, NOT_SERVING, timeout, TLS failure), with the reason on stderr.
+
+  python -m amprl.common.healthcheck [--port PORT] [--service NAME] [--timeout-s S]
+
+Environment (the same variables the services read):
+  AMPRL_PORT             the port to ask (flag --port wins)
+  AMPRL_TLS_CERT_DIR     when set, connect with TLS and trust ``ca.crt`` from this folder
+  AMPRL_TLS_SERVER_NAME  the name the server certificate carries (default: localhost)
+
+Only grpc and the health stubs are imported, never torch, so a probe costs well under a
+second of CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def _channel(address: str) -> grpc.Channel:
+    cert_dir = os.environ.get("AMPRL_TLS_CERT_DIR", "")
+    if not cert_dir:
+        return grpc.insecure_channel(address)
+    ca = Path(cert_dir, "ca.crt").read_bytes()
+    server_name = os.environ.get("AMPRL_TLS_SERVER_NAME", "") or "localhost"
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca),
+                               options=[("grpc.ssl_target_name_override", server_name)])
+
+
+def check(port: int, service: str = "", timeout_s: float = 3.0, host: str = "127.0.0.1") -> str:
+    """Returns "" when ``host:port`` reports SERVING for ``service``, else the reason."""
+    try:
+        with _channel(f"{host}:{port}") as channel:
+            response = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+    except grpc.RpcError as exc:
+        return f"{host}:{port}: {exc.code().name}: {exc.details()}"
+    except OSError as exc:  # unreadable ca.crt
+        return f"TLS setup: {exc}"
+    if response.status != health_pb2.HealthCheckResponse.SERVING:
+        return f"{host}:{port}: {health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)}"
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m amprl.common.healthcheck",
+                                description="exit 0 when the local gRPC server is SERVING")
+    p.add_argument("--port", type=int, default=int(os.environ.get("AMPRL_PORT", "0") or 0))
+    p.add_argument("--service", default="", help='health service name ("" = the whole server)')
+    p.add_argument("--timeout-s", type=float, default=3.0)
+    args = p.parse_args(argv)
+    if args.port <= 0:
+        print("healthcheck: no port (set AMPRL_PORT or pass --port)", file=sys.stderr)
+        return 1
+    reason = check(args.port, args.service, args.timeout_s)
+    if reason:
+        print(f"healthcheck: {reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
