@@ -82,6 +82,8 @@ class TD3Config:
     """Std of the actors' Gaussian exploration noise, in units of the action half-range."""
     random_steps: int = 1000
     """Each actor acts uniformly at random for its first this-many env steps."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    """Hidden layer widths of the actor and of each critic (network.hidden_sizes is DQN's)."""
 
 
 @dataclass
@@ -130,9 +132,9 @@ class LearnerConfig:
     """Gradient pushes awaiting the parameter server's reply before the learner waits."""
     grad_encoding: Literal["fp32", "bf16", "fp16", "onebit"] = "fp32"
     """Encoding of pushed gradients."""
-    onebit_block_size: int = 256
+    onebit_block_size: int = 2048
     """Elements per scale block of the 1-bit encoding."""
-    onebit_min_elements: int = 1024
+    onebit_min_elements: int = 64
     """Tensors smaller than this (biases) are sent dense (fp32), where 1 bit saves ~nothing."""
     torch_threads: int = 1
     """torch.set_num_threads for the learner process."""
@@ -171,7 +173,9 @@ class ActorConfig:
     epsilon_base: float = 0.4
     """Ape-X: eps_i = epsilon_base ** (1 + epsilon_alpha * u_i), u_i from a hash of the actor id."""
     epsilon_alpha: float = 7.0
-    """Ape-X exponent range (Horgan et al. 2018: 0.4 and 7)."""
+    """Ape-X exponent range (Horgan et al. 2018: 0.4 and 7). u comes from "<actor id>/<env index>"."""
+    epsilon_warmup_steps: int = 0
+    """Each actor's ε starts at 1 and falls linearly to its Ape-X value over this many of its env steps."""
     chunk_transitions: int = 64
     """Transitions per chunk sent to replay."""
     weight_refresh_steps: int = 400
@@ -256,6 +260,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "actor.envs_per_actor": (lambda v: v >= 1, "must be >= 1"),
     "actor.epsilon_base": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
     "actor.chunk_transitions": (lambda v: v >= 1, "must be >= 1"),
+    "actor.epsilon_warmup_steps": (lambda v: v >= 0, "must be >= 0"),
     "dqn.gamma": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
     "dqn.n_step": (lambda v: v >= 1, "must be >= 1"),
     "dqn.tau": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
@@ -264,6 +269,13 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "td3.n_step": (lambda v: v >= 1, "must be >= 1"),
     "td3.tau": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "td3.policy_delay": (lambda v: v >= 1, "must be >= 1"),
+    "td3.hidden_sizes": (lambda v: len(v) >= 1 and all(h >= 1 for h in v),
+                         "must be a non-empty list of positive widths"),
+    "network.hidden_sizes": (lambda v: all(h >= 1 for h in v), "widths must be >= 1"),
+    "td3.target_noise": (lambda v: v >= 0, "must be >= 0"),
+    "td3.target_noise_clip": (lambda v: v >= 0, "must be >= 0"),
+    "td3.exploration_noise": (lambda v: v >= 0, "must be >= 0"),
+    "dqn.huber_delta": (lambda v: v > 0, "must be > 0"),
     "evaluator.episodes": (lambda v: v >= 1, "must be >= 1"),
     "evaluator.interval_s": (lambda v: v > 0, "must be > 0"),
     "run.total_env_steps": (lambda v: v >= 1, "must be >= 1"),

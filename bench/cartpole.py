@@ -1,0 +1,77 @@
+"""CartPole through the whole system: median time- and steps-to-target over seeds.
+
+    python bench/cartpole.py --seeds 3 [--grad-encoding onebit] [--set key=value ...]
+
+Runs `amprl run configs/cartpole-dqn.yaml` once per seed, one after another, each for the
+config's whole step budget (run.stop_at_target=false) so the final evaluation shows whether
+the policy stays solved. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--config", default=str(ROOT / "configs/cartpole-dqn.yaml"))
+    p.add_argument("--grad-encoding", default="", choices=["", "fp32", "bf16", "fp16", "onebit"])
+    p.add_argument("--stop-at-target", action="store_true", help="stop each run at the target (faster, no final-eval check)")
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    args = p.parse_args()
+    overrides = list(args.overrides)
+    overrides.append(f"run.stop_at_target={'true' if args.stop_at_target else 'false'}")
+    if args.grad_encoding:
+        overrides.append(f"learner.grad_encoding={args.grad_encoding}")
+    summaries = []
+    with tempfile.TemporaryDirectory(prefix="amprl-bench-cartpole-") as tmp:
+        for seed in range(args.seeds):
+            run_dir = Path(tmp) / f"seed{seed}"
+            cmd = [sys.executable, "-m", "amprl.cli", "run", args.config, "--run-dir", str(run_dir),
+                   "--progress-interval", "5", "--set", f"run.seed={seed}"]
+            for o in overrides:
+                cmd += ["--set", o]
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            summary_path = run_dir / "summary.json"
+            if proc.returncode != 0 or not summary_path.exists():
+                print(proc.stdout[-3000:], file=sys.stderr)
+                print(json.dumps({"error": f"seed {seed} failed with exit code {proc.returncode}"}))
+                return 1
+            summaries.append(json.loads(summary_path.read_text()))
+    ttt = [s["time_to_target_seconds"] for s in summaries]
+    stt = [s["steps_to_target"] for s in summaries]
+    solved = [t for t in ttt if t is not None]
+
+    def med(xs):
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if len(xs) == len(summaries) else None
+
+    print(json.dumps({
+        "config": Path(args.config).name,
+        "overrides": overrides,
+        "seeds": args.seeds,
+        "solved_seeds": len(solved),
+        "time_to_target_seconds": med(ttt),
+        "steps_to_target": med(stt),
+        "time_to_target_seconds_per_seed": ttt,
+        "steps_to_target_per_seed": stt,
+        "final_eval_returns": [s["final_eval_return"] for s in summaries],
+        "env_steps_per_seed": [s["env_steps"] for s in summaries],
+        "updates_per_seed": [s["updates"] for s in summaries],
+        "wall_seconds_per_seed": [s["wall_seconds"] for s in summaries],
+        "startup_seconds_per_seed": [s["startup_seconds"] for s in summaries],
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Learner throughput: the learner's own path vs a plain PyTorch loop on the same update.
+
+    python bench/learner.py [--seconds 8] [--repeats 3]
+
+For each case (CartPole DQN; a larger MLP Q-network 256x256 at batch 256) and precision
+(fp32, bf16) it measures, in one run:
+  * ``plain_torch_updates_per_s``: forward, backward, clip and Adam step on one batch in a loop;
+  * ``updates_per_s``: the real Learner — batches from its prefetch queue (sampled from a live
+    replay service), gradients pushed to a live parameter server (separate processes), new
+    weights pulled back in the background;
+and prints one JSON object with the medians over ``--repeats`` and ``updates_ratio_vs_plain``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from amprl.common.redis_server import EmbeddedRedis
+from amprl.config import dump_config, load_config
+from amprl.envs.factory import env_spec
+from amprl.launch.procs import start_service, stop_services, wait_for_port
+from amprl.learner.algos import make_algo
+from amprl.learner.learner import Learner
+from amprl.paramserver.client import ParameterClient
+from amprl.replay.client import ReplayClient
+from amprl.rl.models import build_model
+from amprl.wire.transitions import Chunk
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES = {
+    "cartpole": ["learner.batch_size=128", "network.hidden_sizes=[128, 128]"],
+    "mlp256": ["learner.batch_size=256", "network.hidden_sizes=[256, 256]"],
+}
+
+
+def fill_replay(client: ReplayClient, spec, n: int, rng: np.random.Generator) -> None:
+    T = 500
+    items = []
+    for _ in range(n // T):
+        frames = rng.standard_normal((T + 3, *spec.frame_shape)).astype(np.float32)
+        idx = np.arange(T, dtype=np.int32)[:, None]
+        chunk = Chunk(frames, idx, idx + 3, rng.integers(spec.num_actions, size=T).astype(np.int64),
+                      rng.standard_normal(T).astype(np.float32), np.full(T, 0.97, np.float32))
+        items.append((chunk, rng.random(T).astype(np.float32) + 0.1, T))
+    client.insert("bench-filler", items, timeout=60)
+
+
+def plain_loop(cfg, spec, sampled, seconds: float) -> float:
+    torch.manual_seed(0)
+    model = build_model(cfg, spec)
+    algo = make_algo(cfg, model, torch.device("cpu"))
+    batch, _ = algo.to_tensors(sampled)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.paramserver.lr)
+    dtype = {"bf16": torch.bfloat16}.get(cfg.learner.precision)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            loss, _ = algo.loss(batch, n)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.learner.grad_clip_norm)
+        opt.step()
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def learner_loop(cfg, spec, replay_addr, ps_addr, seconds: float) -> float:
+    learner = Learner(cfg, spec, ReplayClient(replay_addr), ParameterClient(ps_addr, client_id="learner:bench"),
+                      learner_id="bench", device="cpu")
+    learner.start()
+    stop = threading.Event()
+    learner.run(stop, max_updates=20)  # warm up: fill the queue, first pulls
+    start_updates, t0 = learner.stats.updates, time.perf_counter()
+    timer = threading.Timer(seconds, stop.set)
+    timer.start()
+    learner.run(stop)
+    rate = (learner.stats.updates - start_updates) / (time.perf_counter() - t0)
+    learner.stop()
+    return rate
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    results: dict = {"seconds_per_measurement": args.seconds, "repeats": args.repeats,
+                     "device": "cpu", "torch_threads": 1}
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="amprl-bench-learner-") as tmp:
+        tmp = Path(tmp)
+        with EmbeddedRedis(tmp / "redis") as redis:
+            for case, overrides in CASES.items():
+                for precision in ("fp32", "bf16"):
+                    cfg = load_config(ROOT / "configs/cartpole-dqn.yaml", overrides + [
+                        f"learner.precision={precision}", "replay.samples_per_insert=0",
+                        "replay.min_size_to_sample=1000", "paramserver.checkpoint_interval_s=0"])
+                    spec = env_spec(cfg.env)
+                    run_dir = tmp / f"{case}-{precision}"
+                    (run_dir / "logs").mkdir(parents=True)
+                    dump_config(cfg, run_dir / "config.yaml")
+                    common = ["--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
+                    redis.flushall()
+                    services = [start_service("replay", "amprl.replay", common + ["--redis-url", redis.url], run_dir / "logs"),
+                                start_service("paramserver", "amprl.paramserver", common, run_dir / "logs")]
+                    try:
+                        for s in services:
+                            wait_for_port(s)
+                        replay = ReplayClient(services[0].address)
+                        fill_replay(replay, spec, 20_000, rng)
+                        sampled = replay.sample(cfg.learner.batch_size, 0.4, timeout=30)
+                        plain, ours = [], []
+                        for _ in range(args.repeats):
+                            plain.append(plain_loop(cfg, spec, sampled, args.seconds))
+                            ours.append(learner_loop(cfg, spec, services[0].address, services[1].address, args.seconds))
+                        replay.close()
+                    finally:
+                        stop_services(services)
+                    key = f"{case}_{precision}"
+                    results[f"{key}_updates_per_s"] = round(statistics.median(ours), 1)
+                    results[f"{key}_plain_torch_updates_per_s"] = round(statistics.median(plain), 1)
+                    results[f"{key}_updates_ratio_vs_plain"] = round(statistics.median(ours) / statistics.median(plain), 3)
+    results["updates_per_s"] = results["mlp256_fp32_updates_per_s"]
+    results["plain_torch_updates_per_s"] = results["mlp256_fp32_plain_torch_updates_per_s"]
+    results["updates_ratio_vs_plain"] = results["mlp256_fp32_updates_ratio_vs_plain"]
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The ``amprl`` command: one entry point, one subcommand per service.
+
+  amprl run [CONFIG] [--set k=v ...]   the whole system as local processes
+  amprl replay|paramserver|learner|actor|evaluator [flags]   one service (a pod's command)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SERVICES = {
+    "run": "amprl.launch.run",
+    "replay": "amprl.replay.__main__",
+    "paramserver": "amprl.paramserver.__main__",
+    "learner": "amprl.learner.__main__",
+    "actor": "amprl.actor.__main__",
+    "evaluator": "amprl.evaluator.__main__",
+}
+
+USAGE = "usage: amprl {" + ",".join(SERVICES) + "} [args...]   (amprl SUBCOMMAND --help for its flags)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SERVICES:
+        print(f"amprl: unknown subcommand {name!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SERVICES[name])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Greedy evaluation of the newest weights.
+
+Runs ``episodes`` episodes side by side (one env each, one batched forward pass per step),
+without training-only wrappers (Atari: real game score, no life-loss terminals), and
+records mean/std return with the fleet's env steps and the wall time of the measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from amprl import errors
+from amprl.actor.exploration import derive_seed
+from amprl.config import ExperimentConfig
+from amprl.envs.factory import make_env
+from amprl.envs.spec import EnvSpec
+from amprl.rl.models import build_model
+from amprl.actor.policy import act_greedy
+from amprl.v1 import telemetry_pb2
+
+log = logging.getLogger(__name__)
+
+
+def run_episodes(model: torch.nn.Module, cfg: ExperimentConfig, spec: EnvSpec, envs: list,
+                 seeds: list[int], epsilon: float, rng: np.random.Generator) -> list[float]:
+    """Plays one episode in each env (batched inference) and returns the undiscounted returns."""
+    from amprl.envs.stacking import FrameStacks
+    n = len(envs)
+    stacks = FrameStacks(n, spec)
+    for i, env in enumerate(envs):
+        frame, _ = env.reset(seed=seeds[i])
+        stacks.reset(i, frame)
+    returns = np.zeros(n)
+    live = np.ones(n, dtype=bool)
+    while live.any():
+        idx = np.flatnonzero(live)
+        actions = act_greedy(model, cfg, spec, stacks.observations(idx))
+        if epsilon > 0 and spec.discrete:
+            explore = rng.random(len(idx)) < epsilon
+            actions = np.where(explore, rng.integers(spec.num_actions, size=len(idx)), actions)
+        for j, i in enumerate(idx):
+            frame, reward, terminated, truncated, _ = envs[i].step(actions[j])
+            returns[i] += float(reward)
+            if terminated or truncated:
+                live[i] = False
+            else:
+                stacks.push(i, frame)
+    return returns.tolist()
+
+
+class Evaluator:
+    def __init__(self, cfg: ExperimentConfig, spec: EnvSpec, paramserver, replay=None,
+                 run_dir: str = "", client_id: str = "evaluator"):
+        self.cfg = cfg
+        self.spec = spec
+        self.ps = paramserver
+        self.replay = replay
+        self.model = build_model(cfg, spec).eval()
+        self._params = dict(self.model.named_parameters())
+        self.version = 0
+        self.evaluations: list[telemetry_pb2.Evaluation] = []
+        self.history_path = Path(run_dir) / "eval.jsonl" if run_dir else None
+        base = derive_seed(cfg.run.seed, client_id)
+        self.envs = [make_env(cfg.env, training=False) for _ in range(cfg.evaluator.episodes)]
+        self._seed_base = base
+        self._round = 0
+        self.rng = np.random.default_rng(base)
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+
+    @torch.no_grad()
+    def _pull(self) -> bool:
+        version, weights = self.ps.pull(have_version=self.version, encoding="fp32", timeout=60.0)
+        if weights is None:
+            return False
+        for name, value in weights.items():
+            self._params[name].copy_(value)
+        self.version = version
+        return True
+
+    def evaluate_once(self) -> telemetry_pb2.Evaluation | None:
+        if not self._pull() and self.evaluations:
+            return None  # nothing new to evaluate
+        env_steps = 0
+        if self.replay is not None:
+            try:
+                env_steps = int(self.replay.info().env_steps_total)
+            except errors.AmprlError:
+                pass
+        seeds = [self._seed_base + 1000 * self._round + i for i in range(len(self.envs))]
+        self._round += 1
+        returns = run_episodes(self.model, self.cfg, self.spec, self.envs, seeds,
+                               self.cfg.evaluator.epsilon, self.rng)
+        ev = telemetry_pb2.Evaluation(
+            param_version=self.version, mean_return=float(np.mean(returns)),
+            std_return=float(np.std(returns)), episodes=len(returns), env_steps=env_steps,
+            wall_seconds=time.monotonic() - self.t0, unix_time=time.time())
+        with self._lock:
+            self.evaluations.append(ev)
+        if self.history_path is not None:
+            with self.history_path.open("a") as f:
+                f.write(json.dumps({
+                    "param_version": ev.param_version, "mean_return": ev.mean_return,
+                    "std_return": ev.std_return, "episodes": ev.episodes, "env_steps": ev.env_steps,
+                    "wall_seconds": round(ev.wall_seconds, 3), "unix_time": ev.unix_time}) + "\n")
+        log.info("eval v%d: %.1f ± %.1f over %d episodes (env steps %d)", ev.param_version,
+                 ev.mean_return, ev.std_return, ev.episodes, ev.env_steps)
+        return ev
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.evaluate_once()
+            except errors.Unavailable as exc:
+                log.warning("parameter server unavailable: %s", exc)
+            stop.wait(max(0.0, self.cfg.evaluator.interval_s - (time.monotonic() - started)))

@@ -1,0 +1,1 @@
+"""Starting the services as local processes (``amprl run``)."""

@@ -1,0 +1,85 @@
+"""Child processes of the launcher: one OS process (and process group) per service."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    port_file: Path | None = None
+    port: int = 0
+    stopping: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+def start_service(name: str, module: str, args: list[str], log_dir: Path, env: dict | None = None) -> Service:
+    """Starts ``python -m module args`` in its own session (process group), logging to a file."""
+    log_path = log_dir / f"{name}.log"
+    port_file = log_dir / f".{name}.port"
+    port_file.unlink(missing_ok=True)
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([sys.executable, "-m", module, *args, "--port-file", str(port_file)],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=full_env, start_new_session=True)
+    log.close()
+    return Service(name, proc, log_path, port_file)
+
+
+def wait_for_port(svc: Service, timeout_s: float = 120.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if svc.port_file and svc.port_file.exists():
+            text = svc.port_file.read_text().strip()
+            if text:
+                svc.port = int(text)
+                return svc.port
+        if not svc.alive():
+            raise RuntimeError(f"{svc.name} exited with code {svc.proc.returncode} before serving:\n{svc.log_tail()}")
+        time.sleep(0.05)
+    raise TimeoutError(f"{svc.name} did not start serving within {timeout_s:.0f}s:\n{svc.log_tail()}")
+
+
+def stop_services(services: list[Service], timeout_s: float = 15.0) -> None:
+    """SIGTERM each service's process group in order, then SIGKILL what remains."""
+    for svc in services:
+        svc.stopping = True
+        if svc.alive():
+            try:
+                os.killpg(svc.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            svc.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(svc.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            svc.proc.wait(timeout=5)

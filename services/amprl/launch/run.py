@@ -1,0 +1,261 @@
+"""``amprl run [CONFIG] [--set key=value ...]``: the whole system on one machine.
+
+Starts an embedded Redis (a real redis-server), then replay, parameter server, learner,
+``actor.num_actors`` actors and the evaluator, each as its own OS process talking gRPC on
+loopback; shows live progress; stops at the target eval return, the step budget, the wall
+limit, Ctrl-C, or when any service dies (whose log tail is shown); writes the run folder:
+
+    <run_dir>/<name>-<time>/config.yaml      resolved config
+                            logs/<service>.log
+                            checkpoints/      parameter server checkpoints (final one included)
+                            eval.jsonl        every evaluation
+                            services.json     name -> pid, address, log of each service
+                            summary.json      solved, final_eval_return, env_steps, updates, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from amprl import errors
+from amprl.config import dump_config, load_config
+from amprl.envs.factory import check_env_id
+from amprl.launch.procs import Service, start_service, stop_services, wait_for_port
+
+log = logging.getLogger("amprl.run")
+
+DEFAULT_CONFIG = "configs/cartpole-dqn.yaml"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="amprl run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="?", default=None, help=f"experiment YAML (default: {DEFAULT_CONFIG} if present)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. run.total_env_steps=20000 (repeatable)")
+    p.add_argument("--run-dir", default="", help="exact run folder (default: <run.run_dir>/<name>-<time>)")
+    p.add_argument("--progress-interval", type=float, default=1.0, help="seconds between progress lines")
+    return p.parse_args(argv)
+
+
+class Progress:
+    """Polls every service's Info and keeps the figures the progress line and summary need."""
+
+    def __init__(self, replay_addr: str, ps_addr: str, learner_addr: str, evaluator_addr: str):
+        from amprl.common.grpcutil import make_channel
+        from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, replay_pb2, replay_pb2_grpc
+        from amprl.v1 import telemetry_pb2, telemetry_pb2_grpc
+        self._pb = (replay_pb2, paramserver_pb2, telemetry_pb2)
+        self.channels = [make_channel(a) for a in (replay_addr, ps_addr, learner_addr, evaluator_addr)]
+        self.replay = replay_pb2_grpc.ReplayServiceStub(self.channels[0])
+        self.ps = paramserver_pb2_grpc.ParameterServiceStub(self.channels[1])
+        self.learner = telemetry_pb2_grpc.LearnerServiceStub(self.channels[2])
+        self.evaluator = telemetry_pb2_grpc.EvaluatorServiceStub(self.channels[3])
+        self.env_steps = 0
+        self.replay_size = 0
+        self.version = 0
+        self.updates = 0
+        self.evaluations: list = []
+        self._rate_window: list[tuple[float, int, int]] = []
+
+    def poll(self) -> None:
+        import grpc
+        replay_pb2, paramserver_pb2, telemetry_pb2 = self._pb
+        calls = [
+            (self.replay.Info, replay_pb2.ReplayServiceInfoRequest(), self._on_replay),
+            (self.ps.Info, paramserver_pb2.ParameterServiceInfoRequest(), self._on_ps),
+            (self.learner.Info, telemetry_pb2.LearnerServiceInfoRequest(), self._on_learner),
+            (self.evaluator.Info, telemetry_pb2.EvaluatorServiceInfoRequest(), self._on_eval),
+        ]
+        for call, req, on in calls:
+            try:
+                on(call(req, timeout=2.0))
+            except grpc.RpcError:
+                pass  # a service that is (re)starting; its death is detected by the process check
+        now = time.monotonic()
+        self._rate_window.append((now, self.env_steps, self.updates))
+        self._rate_window = [w for w in self._rate_window if now - w[0] <= 5.0]
+
+    def _on_replay(self, r):
+        self.env_steps, self.replay_size = r.env_steps_total, r.size
+
+    def _on_ps(self, r):
+        self.version = r.version
+
+    def _on_learner(self, r):
+        self.updates = r.updates
+
+    def _on_eval(self, r):
+        self.evaluations = list(r.evaluations)
+
+    def rates(self) -> tuple[float, float]:
+        if len(self._rate_window) < 2:
+            return 0.0, 0.0
+        (t0, s0, u0), (t1, s1, u1) = self._rate_window[0], self._rate_window[-1]
+        dt = max(t1 - t0, 1e-6)
+        return (s1 - s0) / dt, (u1 - u0) / dt
+
+    def line(self, elapsed: float) -> str:
+        sps, ups = self.rates()
+        last = self.evaluations[-1] if self.evaluations else None
+        ev = f"{last.mean_return:7.1f} (v{last.param_version})" if last else "      -"
+        return (f"[{elapsed:6.1f}s] env steps {self.env_steps:>9,d} ({sps:7,.0f}/s)  updates {self.updates:>7,d} "
+                f"({ups:5.0f}/s)  replay {self.replay_size:>8,d}  version {self.version:>7,d}  eval {ev}")
+
+    def close(self):
+        for ch in self.channels:
+            ch.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level="INFO", format="%(asctime)s run %(levelname)s: %(message)s")
+    config_path = args.config
+    if config_path is None and Path(DEFAULT_CONFIG).exists():
+        config_path = DEFAULT_CONFIG
+    try:
+        cfg = load_config(config_path, args.overrides)
+        check_env_id(cfg.env)
+    except errors.ConfigError as exc:
+        print(f"amprl run: config error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.run_dir) / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config_file = run_dir / "config.yaml"
+    dump_config(cfg, config_file)
+    print(f"amprl run: {cfg.name} ({cfg.algo} on {cfg.env.id}), run folder {run_dir}", flush=True)
+
+    from amprl.common.redis_server import EmbeddedRedis
+
+    interrupted = {"flag": False}
+
+    def _sigint(signum, frame):
+        interrupted["flag"] = True
+
+    old_int = signal.signal(signal.SIGINT, _sigint)
+    old_term = signal.signal(signal.SIGTERM, _sigint)
+    services: list[Service] = []
+    redis = None
+    progress = None
+    failure = None
+    t0 = time.monotonic()
+    summary: dict = {}
+    try:
+        if cfg.replay.redis_url:
+            redis_url = cfg.replay.redis_url
+        else:
+            redis = EmbeddedRedis(run_dir / "redis")
+            redis_url = redis.url
+        common = ["--config", str(config_file), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
+
+        def start(name, module, extra=(), env=None):
+            svc = start_service(name, module, [*common, *extra], log_dir, env)
+            services.append(svc)
+            return svc
+
+        replay = start("replay", "amprl.replay", ["--redis-url", redis_url])
+        ps = start("paramserver", "amprl.paramserver")
+        wait_for_port(replay)
+        wait_for_port(ps)
+        addrs = ["--replay", replay.address, "--paramserver", ps.address]
+        learner = start("learner", "amprl.learner", [*addrs, "--id", "learner-0"])
+        actors = [start(f"actor-{i}", "amprl.actor", [*addrs, "--id", f"actor-{i}"])
+                  for i in range(cfg.actor.num_actors)]
+        evaluator = start("evaluator", "amprl.evaluator", [*addrs, "--id", "evaluator"])
+        for svc in [learner, *actors, evaluator]:
+            wait_for_port(svc)
+        (run_dir / "services.json").write_text(json.dumps(
+            {s.name: {"pid": s.proc.pid, "address": s.address, "log": str(s.log_path)} for s in services}, indent=2))
+        progress = Progress(replay.address, ps.address, learner.address, evaluator.address)
+        startup = time.monotonic() - t0
+        t0, t0_unix = time.monotonic(), time.time()
+        solved_at = None
+        last_print = 0.0
+        reason = ""
+        while True:
+            time.sleep(0.25)
+            elapsed = time.monotonic() - t0
+            dead = [s for s in services if not s.alive()]
+            if dead:
+                s = dead[0]
+                failure = f"service {s.name} died with exit code {s.proc.returncode}; last lines of {s.log_path}:\n{s.log_tail()}"
+                reason = "service died"
+                break
+            if interrupted["flag"]:
+                reason = "interrupted"
+                break
+            progress.poll()
+            if solved_at is None:
+                for ev in progress.evaluations:
+                    if ev.mean_return >= cfg.run.target_return:
+                        solved_at = ev
+                        break
+            if elapsed - last_print >= args.progress_interval:
+                print(progress.line(elapsed), flush=True)
+                last_print = elapsed
+            if solved_at is not None and cfg.run.stop_at_target:
+                reason = "target reached"
+                break
+            if progress.env_steps >= cfg.run.total_env_steps:
+                reason = "step budget reached"
+                break
+            if cfg.run.max_wall_seconds and elapsed >= cfg.run.max_wall_seconds:
+                reason = "wall-clock limit reached"
+                break
+        print(f"amprl run: stopping ({reason})", flush=True)
+        if failure is None and reason in ("step budget reached", "wall-clock limit reached"):
+            # Freeze the weights, then make sure the final policy itself is evaluated.
+            stop_services([s for s in services if s.name.startswith("actor") or s.name == "learner"])
+            progress.poll()
+            final_version = progress.version
+            deadline = time.monotonic() + cfg.evaluator.interval_s + 120
+            while time.monotonic() < deadline and evaluator.alive():
+                progress.poll()
+                if progress.evaluations and progress.evaluations[-1].param_version >= final_version:
+                    break
+                time.sleep(0.25)
+        wall = time.monotonic() - t0
+        progress.poll()
+        evals = progress.evaluations
+        first_hit = next((e for e in evals if e.mean_return >= cfg.run.target_return), None)
+        summary = {
+            "name": cfg.name, "algo": cfg.algo, "env_id": cfg.env.id, "stop_reason": reason,
+            "solved": first_hit is not None,
+            "target_return": cfg.run.target_return,
+            "final_eval_return": evals[-1].mean_return if evals else None,
+            "final_eval_std": evals[-1].std_return if evals else None,
+            "best_eval_return": max((e.mean_return for e in evals), default=None),
+            "env_steps": progress.env_steps, "updates": progress.updates,
+            "param_version": progress.version, "wall_seconds": round(wall, 2),
+            # measured from the moment every service was serving (startup_seconds before it)
+            "time_to_target_seconds": round(first_hit.unix_time - t0_unix, 2) if first_hit else None,
+            "steps_to_target": first_hit.env_steps if first_hit else None,
+            "evaluations": len(evals),
+            "startup_seconds": round(startup, 2),
+            "error": failure,
+        }
+    finally:
+        if progress is not None:
+            progress.close()
+        stop_services(list(reversed(services)))
+        if redis is not None:
+            redis.stop()
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+    if failure:
+        print(f"amprl run: {failure}", file=sys.stderr, flush=True)
+    if summary:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(json.dumps({k: v for k, v in summary.items() if k != "error"}), flush=True)
+    return 1 if failure else (130 if interrupted["flag"] else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""``amprl learner``: sample from replay, train, push gradients to the parameter server."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+import torch
+
+from amprl.common import cli
+from amprl.common.grpcutil import create_server, wait_until_serving
+from amprl.envs.factory import env_spec
+from amprl.learner.learner import Learner
+from amprl.learner.service import register
+from amprl.paramserver.client import ParameterClient
+from amprl.replay.client import ReplayClient
+
+log = logging.getLogger("amprl.learner")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = cli.base_parser("amprl learner", __doc__).parse_args(argv)
+    cfg = cli.setup(args, "learner")
+    if not args.replay or not args.paramserver:
+        log.error("--replay and --paramserver (or AMPRL_REPLAY_ADDRESS / AMPRL_PARAMSERVER_ADDRESS) are required")
+        return 2
+    torch.set_num_threads(cfg.learner.torch_threads)
+    spec = env_spec(cfg.env)
+    wait_until_serving(args.replay, timeout_s=120)
+    wait_until_serving(args.paramserver, timeout_s=120)
+    replay = ReplayClient(args.replay)
+    ps = ParameterClient(args.paramserver, client_id=f"learner:{args.id}")
+    learner = Learner(cfg, spec, replay, ps, learner_id=args.id)
+    learner.start()
+    server, port = create_server(register(learner), host=args.host, port=args.port or cfg.learner.port)
+    cli.write_port_file(args.port_file, port)
+    log.info("learner on %s (precision %s), status port %d", learner.device, cfg.learner.precision, port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    learner.run(stop)
+    learner.stop()
+    server.stop(2).wait()
+    replay.close()
+    ps.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
