@@ -14,7 +14,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-install: $(VENV)/.installed
+# checkov pins packaging<24, which pytest 9 cannot share: it lives in its own venv.
+CHECKOV := $(VENV)/tools/checkov/bin/checkov
+$(CHECKOV): | $(VENV)/.installed
+	$(PYTHON) -m venv $(VENV)/tools/checkov
+	$(VENV)/tools/checkov/bin/pip install -q checkov==3.3.30
+
+install: $(VENV)/.installed $(CHECKOV)
 
 # Generated code is committed (so `pip install` needs no protoc) and rebuilt here;
 # tests/unit/test_protos_fresh.py fails when it is stale.
@@ -32,6 +38,12 @@ test-fast: install
 
 bench: install
 	$(PY) bench/replay.py
+	$(PY) bench/compression.py
+	$(PY) bench/learner.py
+	$(PY) bench/cartpole.py --seeds 3
+
+chart-check: install
+	$(PY) -m pytest -q tests/chart
 
 run: install
 	$(VENV)/bin/amprl run configs/cartpole-dqn.yaml

@@ -130,6 +130,11 @@ class LearnerConfig:
     """Sampled batches kept ready in the background."""
     max_pushes_in_flight: int = 2
     """Gradient pushes awaiting the parameter server's reply before the learner waits."""
+    pull_lag_versions: int = 1
+    """Pull new weights once the server is this many versions ahead of the learner's replica
+    (1 = after every push; larger values trade staleness for fewer weight transfers)."""
+    sample_batches_per_call: int = 1
+    """Batches drawn per Sample RPC (split on the learner; amortises the call's cost)."""
     grad_encoding: Literal["fp32", "bf16", "fp16", "onebit"] = "fp32"
     """Encoding of pushed gradients."""
     onebit_block_size: int = 2048
@@ -253,6 +258,8 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "learner.grad_clip_norm": (lambda v: v > 0, "must be > 0"),
     "learner.prefetch_batches": (lambda v: v >= 1, "must be >= 1"),
     "learner.max_pushes_in_flight": (lambda v: v >= 1, "must be >= 1"),
+    "learner.pull_lag_versions": (lambda v: v >= 1, "must be >= 1"),
+    "learner.sample_batches_per_call": (lambda v: v >= 1, "must be >= 1"),
     "learner.onebit_block_size": (lambda v: v >= 1, "must be >= 1"),
     "paramserver.lr": (lambda v: v > 0, "must be > 0"),
     "paramserver.max_staleness": (lambda v: v >= 0, "must be >= 0"),

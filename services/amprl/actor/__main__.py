@@ -15,7 +15,7 @@ from amprl.common import cli
 from amprl.common.grpcutil import create_server, wait_until_serving
 from amprl.envs.factory import env_spec
 from amprl.paramserver.client import ParameterClient
-from amprl.replay.client import ReplayClient
+from amprl.replay import client as replay_client
 
 log = logging.getLogger("amprl.actor")
 
@@ -29,9 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(cfg.actor.torch_threads)
     actor_id = args.id
     spec = env_spec(cfg.env)
-    wait_until_serving(args.replay, timeout_s=120)
+    for address in cli.replay_addresses(args.replay):
+        wait_until_serving(address, timeout_s=120)
     wait_until_serving(args.paramserver, timeout_s=120)
-    replay = ReplayClient(args.replay)
+    replay = replay_client.connect(args.replay)
     ps = ParameterClient(args.paramserver, client_id=f"actor:{actor_id}")
     actor = Actor(cfg, spec, actor_id, replay, ps)
     actor.start()

@@ -1,6 +1,9 @@
 """The actor loop: step a batch of envs with one batched forward pass per step, explore
-ε-greedy (Ape-X ε from a hash of the actor's identity), build n-step transitions, score
-their initial priorities with the actor's own network copy and stream them to replay.
+(DQN: ε-greedy, Ape-X ε from a hash of the actor's identity; TD3: Gaussian noise on the
+deterministic policy, uniform random actions for the first ``td3.random_steps``), build
+n-step transitions, score their initial priorities with the actor's own network copy
+(DQN: |δ| of double DQN; TD3: |Q1 - y| of its own critic, no smoothing noise) and stream
+them to replay.
 
 Neither sending nor weight refreshes block the env loop: chunks go through a bounded queue
 to a sender thread (so a rate-limited replay slows the actor down instead of flooding
@@ -20,13 +23,13 @@ import numpy as np
 import torch
 
 from amprl import errors
-from amprl.actor.exploration import apex_epsilon, derive_seed, seed_everything
+from amprl.actor.exploration import apex_epsilon, derive_seed, gaussian_exploration, seed_everything
 from amprl.actor.nstep import NStepChunker
 from amprl.actor.policy import q_values
 from amprl.config import ExperimentConfig
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
-from amprl.rl import dqn
+from amprl.rl import dqn, td3
 from amprl.rl.batch import Batch
 from amprl.rl.models import build_model
 
@@ -57,6 +60,10 @@ class Actor:
         self.epsilons = np.array([apex_epsilon(f"{actor_id}/{j}", cfg.actor.epsilon_base, cfg.actor.epsilon_alpha)
                                   for j in range(n)])
         self.envs = [make_env(cfg.env, training=True) for _ in range(n)]
+        self.discrete = spec.discrete
+        if not self.discrete:
+            self._low = np.asarray(spec.action_low, dtype=np.float32)
+            self._high = np.asarray(spec.action_high, dtype=np.float32)
         self.model = build_model(cfg, spec).eval()
         self._params = dict(self.model.named_parameters())
         self.version = 0
@@ -70,6 +77,7 @@ class Actor:
         self._want_pull = threading.Event()
         self._stop = threading.Event()
         self._steps_since_send = 0
+        self._run_stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     # -- weights ---------------------------------------------------------------------------
@@ -118,7 +126,7 @@ class Actor:
                     break
             while True:
                 try:
-                    reply = self.replay.insert(self.actor_id, items, timeout=30.0)
+                    reply = self.replay.insert(self.actor_id, items, timeout=5.0)
                     self.stats.transitions_sent += int(reply.transitions_stored)
                     break
                 except errors.DeadlineExceeded:
@@ -138,17 +146,21 @@ class Actor:
             prios = self.initial_priorities(chunk)
             env_steps, self._steps_since_send = self._steps_since_send, 0
             item = (chunk, prios, env_steps)
-            while not self._stop.is_set():
+            while not (self._stop.is_set() or self._run_stop.is_set()):
                 try:
                     self._outbox.put(item, timeout=0.5)
                     break
                 except queue.Full:
                     continue
 
+    @torch.inference_mode()
     def initial_priorities(self, chunk) -> np.ndarray:
         """Ape-X: |δ| of each transition under the actor's own network, + ε."""
         batch = Batch.from_chunk(chunk, frame_stack=self.spec.frame_stack)
-        td = dqn.dqn_td_abs(self.model, self.model, batch, double=self.cfg.dqn.double)
+        if self.discrete:
+            td = dqn.dqn_td_abs(self.model, self.model, batch, double=self.cfg.dqn.double)
+        else:
+            td = td3.td3_td_abs(self.model, self.model, batch, noise=0.0)
         return td.numpy().astype(np.float32) + np.float32(self.cfg.replay.priority_epsilon)
 
     # -- the loop --------------------------------------------------------------------------
@@ -170,6 +182,7 @@ class Actor:
             t.join(timeout=5.0)
 
     def run(self, stop: threading.Event, max_steps: int | None = None) -> None:
+        self._run_stop = stop
         n = len(self.envs)
         first = []
         for i, env in enumerate(self.envs):
@@ -209,12 +222,25 @@ class Actor:
                 self._want_pull.set()
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """ε-greedy over one batched forward pass of the actor's network."""
+        """ε-greedy over one batched forward pass of the actor's network (DQN), or the
+        deterministic policy plus Gaussian noise, clipped to the bounds (TD3)."""
+        if not self.discrete:
+            return self._act_continuous(obs)
         actions = q_values(self.model, obs).argmax(dim=1).numpy()
         explore = self.rng.random(len(actions)) < self.current_epsilons()
         if explore.any():
             actions = np.where(explore, self.rng.integers(self.spec.num_actions, size=len(actions)), actions)
         return actions
+
+    @torch.inference_mode()
+    def _act_continuous(self, obs: np.ndarray) -> np.ndarray:
+        n = obs.shape[0]
+        if self.stats.env_steps < self.cfg.td3.random_steps:
+            # uniform exploration before the policy means anything (Fujimoto et al.: 25k/1k)
+            return self.rng.uniform(self._low, self._high, size=(n, len(self._low))).astype(np.float32)
+        actions = self.model.actor(torch.from_numpy(np.ascontiguousarray(obs))).numpy()
+        return gaussian_exploration(actions, self.cfg.td3.exploration_noise, self._low, self._high,
+                                    self.rng)
 
     def current_epsilons(self) -> np.ndarray:
         """Each env's ε, raised towards 1 during the first epsilon_warmup_steps env steps."""
@@ -225,6 +251,9 @@ class Actor:
 
     @property
     def epsilon(self) -> float:
+        """Mean ε (DQN) or the Gaussian noise std in half-ranges (TD3), for status reports."""
+        if not self.discrete:
+            return float(self.cfg.td3.exploration_noise)
         return float(self.current_epsilons().mean())
 
     @property

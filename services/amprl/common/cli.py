@@ -7,13 +7,17 @@ environment (a flag wins over its variable):
   --set KEY=VALUE      AMPRL_SET (";"-separated)  config overrides, repeatable
   --host HOST          AMPRL_HOST                listen address (default 0.0.0.0)
   --port PORT          AMPRL_PORT                listen port (0 = any free port)
-  --replay ADDR        AMPRL_REPLAY_ADDRESS      replay service host:port
+  --replay ADDR        AMPRL_REPLAY_ADDRESS      replay service host:port; with several
+                                                 shards, every shard's, comma-separated
   --paramserver ADDR   AMPRL_PARAMSERVER_ADDRESS parameter server host:port
   --redis-url URL      AMPRL_REDIS_URL           redis://[:password@]host:port/db
-                       AMPRL_REDIS_PASSWORD      password, if not in the URL
+                       AMPRL_REDIS_PASSWORD_FILE file holding the password (a mounted Secret)
+                       AMPRL_REDIS_PASSWORD      password, if not in the URL nor in a file
   --id NAME            AMPRL_ID / HOSTNAME       identity (actor id; the pod name on k8s)
   --run-dir DIR        AMPRL_RUN_DIR             run folder (checkpoints, logs, eval history)
   --port-file PATH                               write the bound port here once serving
+                       AMPRL_TLS_CERT_DIR        TLS on every server and client (see
+                       AMPRL_TLS_SERVER_NAME     amprl.common.grpcutil)
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import os
 import socket
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 from amprl.config import ExperimentConfig, load_config
+from amprl.errors import ConfigError
 
 
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -48,12 +54,32 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+def redis_password() -> str:
+    """The Redis password: the file named by AMPRL_REDIS_PASSWORD_FILE (a Secret mounted as
+    a file, so it never shows in the pod spec or ``/proc/<pid>/environ``), else
+    AMPRL_REDIS_PASSWORD, else ""."""
+    path = os.environ.get("AMPRL_REDIS_PASSWORD_FILE", "")
+    if path:
+        try:
+            # Secrets written by hand often end with a newline that is not part of it.
+            return Path(path).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"AMPRL_REDIS_PASSWORD_FILE={path}: {exc.strerror}") from None
+    return os.environ.get("AMPRL_REDIS_PASSWORD", "")
+
+
 def redis_url_with_password(url: str) -> str:
-    """Adds AMPRL_REDIS_PASSWORD to a URL that carries none."""
-    password = os.environ.get("AMPRL_REDIS_PASSWORD", "")
+    """Adds the password (``redis_password``) to a redis:// URL that carries none."""
+    password = redis_password()
     if password and url.startswith("redis://") and "@" not in url:
-        return "redis://:" + password + "@" + url[len("redis://"):]
+        # Percent-encoded: redis-py decodes it, and "@", ":" or "/" cannot break the URL.
+        return "redis://:" + quote(password, safe="") + "@" + url[len("redis://"):]
     return url
+
+
+def replay_addresses(value: str) -> list[str]:
+    """The replay shards' addresses from ``--replay`` / AMPRL_REPLAY_ADDRESS (comma list)."""
+    return [a.strip() for a in value.split(",") if a.strip()]
 
 
 def setup(args: argparse.Namespace, name: str) -> ExperimentConfig:

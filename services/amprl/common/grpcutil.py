@@ -2,7 +2,17 @@
 the mapping between ``amprl.errors`` and canonical status codes.
 
 Every AMP-RL server is built by ``create_server`` so that ``grpcurl`` can list and call
-it (server reflection) and Kubernetes probes can ask ``grpc.health.v1.Health``.
+it (server reflection) and Kubernetes probes can ask ``grpc.health.v1.Health``; every
+client channel is built by ``make_channel``.
+
+TLS is switched on for a whole deployment by the environment, so every server and client
+of a release agree without a flag on each:
+
+  AMPRL_TLS_CERT_DIR     folder with tls.crt, tls.key (this process's key pair, served by
+                         every server it starts) and ca.crt (what its clients trust)
+  AMPRL_TLS_SERVER_NAME  the name the servers' certificate carries; clients check it in
+                         place of the host they dial (grpc.ssl_target_name_override), so one
+                         certificate serves every Service DNS name of the release
 """
 
 from __future__ import annotations
@@ -11,8 +21,10 @@ import functools
 import json
 import logging
 import signal
+import os
 import threading
 from concurrent import futures
+from pathlib import Path
 from typing import Callable, Iterable
 
 import grpc
@@ -40,6 +52,49 @@ _SERVER_KEEPALIVE = [
 ]
 
 
+TLS_CERT_DIR_ENV = "AMPRL_TLS_CERT_DIR"
+TLS_SERVER_NAME_ENV = "AMPRL_TLS_SERVER_NAME"
+
+
+def tls_cert_dir() -> Path | None:
+    """The folder named by AMPRL_TLS_CERT_DIR, or None when TLS is off."""
+    value = os.environ.get(TLS_CERT_DIR_ENV, "")
+    return Path(value) if value else None
+
+
+def _read_tls_file(cert_dir: Path, name: str) -> bytes:
+    path = cert_dir / name
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise errors.ConfigError(f"{TLS_CERT_DIR_ENV}={cert_dir}: cannot read {name} ({exc.strerror}); "
+                                 f"the folder needs tls.crt, tls.key and ca.crt") from None
+
+
+def server_credentials() -> grpc.ServerCredentials | None:
+    """The key pair in AMPRL_TLS_CERT_DIR as server credentials; None when TLS is off."""
+    cert_dir = tls_cert_dir()
+    if cert_dir is None:
+        return None
+    return grpc.ssl_server_credentials([(_read_tls_file(cert_dir, "tls.key"),
+                                         _read_tls_file(cert_dir, "tls.crt"))])
+
+
+def channel_credentials(server_name: str | None = None
+                        ) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, str]]]:
+    """(credentials trusting ca.crt, channel options) when TLS is on, else (None, []).
+
+    ``server_name`` (default: AMPRL_TLS_SERVER_NAME) is the certificate name to expect
+    instead of the dialled host; empty means the dialled host itself.
+    """
+    cert_dir = tls_cert_dir()
+    if cert_dir is None:
+        return None, []
+    creds = grpc.ssl_channel_credentials(root_certificates=_read_tls_file(cert_dir, "ca.crt"))
+    name = os.environ.get(TLS_SERVER_NAME_ENV, "") if server_name is None else server_name
+    return creds, ([("grpc.ssl_target_name_override", name)] if name else [])
+
+
 def _message_limits(max_message_bytes: int) -> list[tuple[str, int]]:
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes)]
@@ -51,8 +106,10 @@ def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str
     """Builds a server hosting the given servicers plus health and reflection.
 
     ``register`` holds ``(add_XServicer_to_server, servicer, full_service_name)`` triples.
-    Returns the started server and the bound port (useful with ``port=0``).
+    Returns the started server and the bound port (useful with ``port=0``). With
+    AMPRL_TLS_CERT_DIR set the port speaks TLS only, with that folder's key pair.
     """
+    creds = server_credentials()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          options=_message_limits(max_message_bytes) + _SERVER_KEEPALIVE)
     names = []
@@ -66,7 +123,8 @@ def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str
     reflection.enable_server_reflection(
         names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = (server.add_secure_port(f"{host}:{port}", creds) if creds is not None
+             else server.add_insecure_port(f"{host}:{port}"))
     if bound == 0:
         raise OSError(f"could not bind {host}:{port}")
     server.start()
@@ -168,13 +226,21 @@ def _retry_service_config(service_names: Iterable[str]) -> str:
 
 
 def make_channel(address: str, *, retry_services: Iterable[str] = (),
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.Channel:
-    """An insecure channel with keepalive, message limits and UNAVAILABLE retries for
-    ``retry_services`` (fully qualified names, e.g. "amprl.v1.ReplayService")."""
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 tls_server_name: str | None = None) -> grpc.Channel:
+    """A channel with keepalive, message limits and UNAVAILABLE retries for
+    ``retry_services`` (fully qualified names, e.g. "amprl.v1.ReplayService").
+
+    TLS (trusting AMPRL_TLS_CERT_DIR/ca.crt) when AMPRL_TLS_CERT_DIR is set, plaintext
+    otherwise; ``tls_server_name`` overrides AMPRL_TLS_SERVER_NAME.
+    """
     options = _message_limits(max_message_bytes) + _KEEPALIVE + [("grpc.enable_retries", 1)]
     retry_services = list(retry_services)
     if retry_services:
         options.append(("grpc.service_config", _retry_service_config(retry_services)))
+    creds, tls_options = channel_credentials(tls_server_name)
+    if creds is not None:
+        return grpc.secure_channel(address, creds, options=options + tls_options)
     return grpc.insecure_channel(address, options=options)
 
 
@@ -203,7 +269,7 @@ def wait_until_serving(address: str, timeout_s: float = 30.0) -> None:
     """Blocks until the server at ``address`` answers its health check with SERVING."""
     import time
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as ch:
+    with make_channel(address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
             try:

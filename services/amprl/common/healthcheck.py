@@ -11,7 +11,7 @@ Environment (the same variables the services read):
   AMPRL_TLS_CERT_DIR     when set, connect with TLS and trust ``ca.crt`` from this folder
   AMPRL_TLS_SERVER_NAME  the name the server certificate carries (default: localhost)
 
-Only grpc and the health stubs are imported, never torch, so a probe costs well under a
+Only grpc, the health stubs and ``amprl.common.grpcutil`` are imported, never torch, so a probe costs well under a
 second of CPU.
 """
 
@@ -20,20 +20,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from amprl.common import grpcutil
+
 
 def _channel(address: str) -> grpc.Channel:
-    cert_dir = os.environ.get("AMPRL_TLS_CERT_DIR", "")
-    if not cert_dir:
-        return grpc.insecure_channel(address)
-    ca = Path(cert_dir, "ca.crt").read_bytes()
-    server_name = os.environ.get("AMPRL_TLS_SERVER_NAME", "") or "localhost"
-    return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca),
-                               options=[("grpc.ssl_target_name_override", server_name)])
+    # The probe dials 127.0.0.1, which no certificate names: without a configured name it
+    # expects "localhost", the name a self-signed development certificate usually carries.
+    name = os.environ.get(grpcutil.TLS_SERVER_NAME_ENV, "") or "localhost"
+    return grpcutil.make_channel(address, tls_server_name=name)
 
 
 def check(port: int, service: str = "", timeout_s: float = 3.0, host: str = "127.0.0.1") -> str:
@@ -44,7 +42,7 @@ def check(port: int, service: str = "", timeout_s: float = 3.0, host: str = "127
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
     except grpc.RpcError as exc:
         return f"{host}:{port}: {exc.code().name}: {exc.details()}"
-    except OSError as exc:  # unreadable ca.crt
+    except (OSError, ValueError) as exc:  # unreadable ca.crt (ConfigError is a ValueError)
         return f"TLS setup: {exc}"
     if response.status != health_pb2.HealthCheckResponse.SERVING:
         return f"{host}:{port}: {health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)}"

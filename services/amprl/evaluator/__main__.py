@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ps = ParameterClient(args.paramserver, client_id=f"evaluator:{args.id}")
     replay = None
     if args.replay:
-        from amprl.replay.client import ReplayClient
-        replay = ReplayClient(args.replay)
+        from amprl.replay import client as replay_client
+        replay = replay_client.connect(args.replay)
     evaluator = Evaluator(cfg, spec, ps, replay, run_dir=args.run_dir)
     server, port = create_server(register(evaluator), host=args.host, port=args.port or cfg.evaluator.port)
     cli.write_port_file(args.port_file, port)

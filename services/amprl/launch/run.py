@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"amprl run: stopping ({reason})", flush=True)
         if failure is None and reason in ("step budget reached", "wall-clock limit reached"):
             # Freeze the weights, then make sure the final policy itself is evaluated.
-            stop_services([s for s in services if s.name.startswith("actor") or s.name == "learner"])
+            # actors first: with the learner gone, a rate-limited insert would wait out its deadline
+            stop_services([s for s in services if s.name.startswith("actor")] + [learner])
             progress.poll()
             final_version = progress.version
             deadline = time.monotonic() + cfg.evaluator.interval_s + 120

@@ -15,7 +15,7 @@ from amprl.envs.factory import env_spec
 from amprl.learner.learner import Learner
 from amprl.learner.service import register
 from amprl.paramserver.client import ParameterClient
-from amprl.replay.client import ReplayClient
+from amprl.replay import client as replay_client
 
 log = logging.getLogger("amprl.learner")
 
@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(cfg.learner.torch_threads)
     spec = env_spec(cfg.env)
-    wait_until_serving(args.replay, timeout_s=120)
+    for address in cli.replay_addresses(args.replay):
+        wait_until_serving(address, timeout_s=120)
     wait_until_serving(args.paramserver, timeout_s=120)
-    replay = ReplayClient(args.replay)
+    replay = replay_client.connect(args.replay)
     ps = ParameterClient(args.paramserver, client_id=f"learner:{args.id}")
     learner = Learner(cfg, spec, replay, ps, learner_id=args.id)
     learner.start()

@@ -95,32 +95,49 @@ class Learner:
 
     def _prefetch_loop(self) -> None:
         pin = self.device.type == "cuda"
+        per_call = self.lcfg.sample_batches_per_call
+        bs = self.lcfg.batch_size
         while not self._stop.is_set():
             try:
-                sampled = self.replay.sample(self.lcfg.batch_size, self._beta(), timeout=2.0)
+                # One RPC for several batches: the per-call cost is shared, the draws are the
+                # same i.i.d. prioritized draws a call per batch would make.
+                sampled = self.replay.sample(bs * per_call, self._beta(), timeout=2.0)
             except errors.DeadlineExceeded:
                 continue  # below min size or rate-limited: ask again
             except errors.Unavailable as exc:
                 log.warning("replay unavailable: %s", exc)
                 self._stop.wait(0.5)
                 continue
-            batch = self.algo.to_tensors(sampled, pin=pin)
-            while not self._stop.is_set():
-                try:
-                    self._batches.put(batch, timeout=0.2)
-                    break
-                except queue.Full:
-                    continue
+            except errors.InvalidArgument:
+                # the table is still smaller than several batches: ask for one
+                per_call = 1
+                continue
+            for part in sampled.split(bs) if per_call > 1 else [sampled]:
+                batch = self.algo.to_tensors(part, pin=pin)
+                while not self._stop.is_set():
+                    try:
+                        self._batches.put(batch, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+            per_call = self.lcfg.sample_batches_per_call
 
     def _priority_loop(self) -> None:
         while not self._stop.is_set() or not self._priorities.empty():
             try:
-                keys, prios = self._priorities.get(timeout=0.2)
+                items = [self._priorities.get(timeout=0.2)]
             except queue.Empty:
                 continue
+            while True:  # everything queued meanwhile goes in the same call
+                try:
+                    items.append(self._priorities.get_nowait())
+                except queue.Empty:
+                    break
+            keys = np.concatenate([k for k, _ in items])
+            prios = np.concatenate([p for _, p in items])
             try:
                 self.replay.update_priorities(keys, prios)
-                self.stats.priority_updates += 1
+                self.stats.priority_updates += len(items)
             except errors.AmprlError as exc:
                 log.warning("priority update failed: %s", exc)
 
@@ -179,6 +196,8 @@ class Learner:
         try:
             reply = fut.result()
             self._newest_seen = max(self._newest_seen, reply.version)
+            if reply.version - self.version < self.lcfg.pull_lag_versions:
+                return  # the replica is recent enough; don't pay a pull for every push
         except errors.FailedPrecondition as exc:
             self.stats.stale_rejections += 1
             if exc.current_version is not None:

@@ -5,11 +5,19 @@ then ``build_model``), resumes from the newest valid checkpoint in
 ``paramserver.checkpoint_dir`` (default ``<run-dir>/checkpoints``), serves until SIGTERM or
 SIGINT, checkpoints every ``paramserver.checkpoint_interval_s`` seconds and once more after
 the last call has finished.
+
+Besides the base flags (``amprl.common.cli``):
+
+  --pull-port PORT       AMPRL_PULL_PORT       also serve the read-only pull port (Pull,
+                                               Watch, Info; pushes PERMISSION_DENIED)
+  --pull-port-file PATH                        write the bound pull port here once serving
+  --live-window-s S      AMPRL_LIVE_WINDOW_S   Info's live-client window (default 60)
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +28,7 @@ from amprl.common import cli, grpcutil
 from amprl.config import ExperimentConfig
 from amprl.paramserver.checkpoint import CheckpointManager, PeriodicCheckpointer
 from amprl.paramserver.service import build_store, create_server
+from amprl.paramserver.store import DEFAULT_LIVE_WINDOW_S
 
 log = logging.getLogger("amprl.paramserver")
 
@@ -42,30 +51,52 @@ def main(argv: list[str] | None = None,
          model_factory: Callable[[ExperimentConfig], nn.Module] | None = None) -> int:
     """Entry point. ``model_factory`` replaces ``build_model`` (tests use tiny models)."""
     parser = cli.base_parser("amprl paramserver", __doc__.splitlines()[0])
+    env = os.environ.get
+    parser.add_argument("--pull-port", type=int, default=int(env("AMPRL_PULL_PORT") or -1),
+                        help="also serve PullParameters/WatchParameters/Info (no pushes) on "
+                             "this port (0 = any free port; default: no pull port)")
+    parser.add_argument("--pull-port-file", default="",
+                        help="write the bound pull port to this file")
+    parser.add_argument("--live-window-s", type=float,
+                        default=float(env("AMPRL_LIVE_WINDOW_S") or DEFAULT_LIVE_WINDOW_S),
+                        help="a client counts as live in Info if it called within this many seconds")
     args = parser.parse_args(argv)
     cfg = cli.setup(args, "paramserver")
+    if args.live_window_s <= 0:
+        parser.error(f"--live-window-s {args.live_window_s}: must be > 0")
     torch.manual_seed(cfg.run.seed)  # identical initial weights in every process
     model = (model_factory or default_model)(cfg)
-    store = build_store(cfg, model)
+    store = build_store(cfg, model, live_window_s=args.live_window_s)
     ckpt = None
     if cfg.paramserver.checkpoint_interval_s > 0:
         ckpt = CheckpointManager(checkpoint_dir(cfg, args.run_dir), keep=cfg.paramserver.checkpoints_kept)
         resumed = ckpt.restore(store)
         if resumed is None:
             log.info("no checkpoint in %s: starting from version 0", ckpt.directory)
-    ps = create_server(cfg, store=store, host=args.host, port=args.port or cfg.paramserver.port)
+    ps = create_server(cfg, store=store, host=args.host, port=args.port or cfg.paramserver.port,
+                       pull_port=args.pull_port if args.pull_port >= 0 else None)
     log.info("serving ParameterService on %s:%d (version %d, %d tensors, %d parameters)",
              args.host, ps.port, store.version, len(store.params), store.num_parameters)
+    if ps.pull_server is not None:
+        log.info("serving the pull-only port on %s:%d", args.host, ps.pull_port)
+        cli.write_port_file(args.pull_port_file, ps.pull_port)
     periodic = (PeriodicCheckpointer(ckpt, store, cfg.paramserver.checkpoint_interval_s).start()
                 if ckpt else None)
     cli.write_port_file(args.port_file, ps.port)
 
+    pull_stopped = []
+
     def on_stop() -> None:
         ps.servicer.close()  # end watch streams so the grace period is not spent on them
+        if ps.pull_server is not None:
+            ps.pull_server.health_servicer.enter_graceful_shutdown()
+            pull_stopped.append(ps.pull_server.stop(5.0))
         if periodic:
             periodic.stop()
 
     grpcutil.wait_for_termination(ps.server, grace_s=5.0, on_stop=on_stop)
+    for event in pull_stopped:
+        event.wait()
     if ckpt:
         # After server.stop(): every accepted push is in, no new one can arrive.
         ckpt.save(store)

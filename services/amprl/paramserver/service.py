@@ -2,6 +2,12 @@
 
 Translates messages (``amprl.compression`` decodes and encodes tensors) and errors (via
 ``map_errors``); the staleness rule and the optimizer live in ``store``.
+
+Two ports can serve the same store. The main port answers every RPC; the optional pull
+port answers PullParameters, WatchParameters and Info (plus health and reflection) and
+refuses PushGradients with PERMISSION_DENIED. On Kubernetes only learners may reach the
+main port (a NetworkPolicy), so an actor or the evaluator, which only ever read weights,
+cannot change them even if compromised or misconfigured.
 """
 
 from __future__ import annotations
@@ -210,26 +216,63 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         return paramserver_pb2.ParameterServiceInfoResponse(**self.store.info())
 
 
+class PullOnlyServicer(paramserver_pb2_grpc.ParameterServiceServicer):
+    """The read-only face of a ParameterServicer, served on the pull port.
+
+    Delegates reads to the main servicer, so both ports share one encoding cache, one
+    watch-stream limit and one set of live-client counts.
+    """
+
+    def __init__(self, inner: ParameterServicer):
+        self.inner = inner
+
+    def PushGradients(self, request, context):
+        context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                      "PushGradients is not served on the parameter server's pull port (weights "
+                      "are read-only here); learners push to the main port (--port / AMPRL_PORT)")
+
+    def PullParameters(self, request, context):
+        return self.inner.PullParameters(request, context)
+
+    def WatchParameters(self, request, context):
+        return self.inner.WatchParameters(request, context)
+
+    def Info(self, request, context):
+        return self.inner.Info(request, context)
+
+
 class ParameterServer(NamedTuple):
-    """A started server and what it serves."""
+    """A started server (and, optionally, its pull-only server) and what they serve."""
 
     server: grpc.Server
     port: int
     store: ParameterStore
     servicer: ParameterServicer
+    pull_server: grpc.Server | None = None
+    pull_port: int = 0
 
     def stop(self, grace_s: float | None = 1.0) -> None:
-        """Ends watch streams, then stops the server (in-flight calls get ``grace_s``)."""
+        """Ends watch streams, then stops the servers (in-flight calls get ``grace_s``)."""
         self.servicer.close()
-        self.server.stop(grace_s).wait()
+        stopping = [self.server.stop(grace_s)]
+        if self.pull_server is not None:
+            stopping.append(self.pull_server.stop(grace_s))
+        for event in stopping:
+            event.wait()
 
 
-def build_store(cfg: ExperimentConfig, model: nn.Module) -> ParameterStore:
-    """A store holding ``model``'s parameters with the run's optimizer and staleness rule."""
+def build_store(cfg: ExperimentConfig, model: nn.Module, *,
+                live_window_s: float | None = None) -> ParameterStore:
+    """A store holding ``model``'s parameters with the run's optimizer and staleness rule.
+
+    ``live_window_s`` (default ``store.DEFAULT_LIVE_WINDOW_S``) is how recently a client
+    must have called to count as live in Info.
+    """
     ps = cfg.paramserver
+    extra = {} if live_window_s is None else {"live_window_s": live_window_s}
     return ParameterStore.from_model(model, lr=ps.lr, adam_eps=ps.adam_eps,
                                      max_staleness=ps.max_staleness,
-                                     staleness_scaling=ps.staleness_scaling)
+                                     staleness_scaling=ps.staleness_scaling, **extra)
 
 
 def create_server(cfg: ExperimentConfig, model: nn.Module | None = None, *,
@@ -237,11 +280,13 @@ def create_server(cfg: ExperimentConfig, model: nn.Module | None = None, *,
                   port: int | None = None,
                   max_message_bytes: int = grpcutil.DEFAULT_MAX_MESSAGE_BYTES,
                   max_workers: int = DEFAULT_MAX_WORKERS,
-                  max_watchers: int = DEFAULT_MAX_WATCHERS) -> ParameterServer:
+                  max_watchers: int = DEFAULT_MAX_WATCHERS,
+                  pull_port: int | None = None) -> ParameterServer:
     """Starts a ParameterService (with health and reflection) for ``model`` or ``store``.
 
     ``port`` None means ``cfg.paramserver.port`` (0 = any free port; the bound one is
-    returned).
+    returned). ``pull_port`` not None also starts the pull-only server on that port
+    (0 = any free port), with the same host, limits and TLS settings.
     """
     if store is None:
         if model is None:
@@ -253,4 +298,15 @@ def create_server(cfg: ExperimentConfig, model: nn.Module | None = None, *,
         [(paramserver_pb2_grpc.add_ParameterServiceServicer_to_server, servicer, SERVICE_NAME)],
         host=host, port=cfg.paramserver.port if port is None else port, max_workers=max_workers,
         max_message_bytes=max_message_bytes)
-    return ParameterServer(server, bound, store, servicer)
+    pull_server, pull_bound = None, 0
+    if pull_port is not None:
+        try:
+            pull_server, pull_bound = grpcutil.create_server(
+                [(paramserver_pb2_grpc.add_ParameterServiceServicer_to_server,
+                  PullOnlyServicer(servicer), SERVICE_NAME)],
+                host=host, port=pull_port, max_workers=max_workers,
+                max_message_bytes=max_message_bytes)
+        except BaseException:
+            server.stop(0)
+            raise
+    return ParameterServer(server, bound, store, servicer, pull_server, pull_bound)

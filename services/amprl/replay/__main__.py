@@ -2,12 +2,18 @@
 
 Builds the EnvSpec from the config's env, opens the table in Redis (``--redis-url``, or an
 embedded redis-server in ``<run-dir>/redis`` when none is given), serves until SIGTERM.
+
+Besides the base flags (``amprl.common.cli``; the Redis password may come from the file
+named by AMPRL_REDIS_PASSWORD_FILE):
+
+  --live-window-s S   AMPRL_LIVE_WINDOW_S   Info's actors_live window (default 60)
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 from pathlib import Path
 
@@ -20,6 +26,7 @@ from amprl.envs.factory import env_spec
 from amprl.envs.spec import EnvSpec
 from amprl.errors import ConfigError
 from amprl.replay.service import create_server
+from amprl.replay.table import LIVE_WINDOW_S
 
 log = logging.getLogger("amprl.replay")
 
@@ -44,8 +51,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="EnvSpec fields as JSON (frame_shape, frame_dtype, frame_stack, "
                              "discrete, num_actions, action_dim) instead of building cfg.env; "
                              "for benchmarks and replay hosts without the env's suite")
+    parser.add_argument("--live-window-s", type=float,
+                        default=float(os.environ.get("AMPRL_LIVE_WINDOW_S") or LIVE_WINDOW_S),
+                        help="an actor counts as live in Info if it inserted within this many seconds")
     args = parser.parse_args(argv)
     cfg = cli.setup(args, "replay")
+    if args.live_window_s <= 0:
+        parser.error(f"--live-window-s {args.live_window_s}: must be > 0")
     spec = spec_from_json(args.spec_json) if args.spec_json else env_spec(cfg.env)
     port = args.port or cfg.replay.port
     redis_url = cli.redis_url_with_password(args.redis_url or cfg.replay.redis_url)
@@ -55,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         embedded = EmbeddedRedis(run_dir / "redis")
         redis_url = embedded.url
     try:
-        server, bound, table = create_server(cfg, spec, redis_url, args.host, port, seed=args.seed)
+        server, bound, table = create_server(cfg, spec, redis_url, args.host, port, seed=args.seed,
+                                             prefix=args.prefix, live_window_s=args.live_window_s)
         cli.write_port_file(args.port_file, bound)
         log.info("replay ready on port %d (redis %s)", bound, redis_url.split("@")[-1])
         wait_for_termination(server)

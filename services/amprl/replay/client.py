@@ -8,17 +8,24 @@
 Failures arrive as ``amprl.errors`` (InvalidArgument, ResourceExhausted, DeadlineExceeded,
 Unavailable, ...). Nothing is retried automatically: an Insert that failed mid-stream
 reports what was stored, and only the caller knows whether to resend the rest.
+
+Several shards (``AMPRL_REPLAY_ADDRESS=a:7000,b:7000``): ``connect`` returns a
+``ShardedReplayClient`` with the same methods (see its docstring for the sampling rule).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, fields
 from typing import Iterable, Iterator
 
 import grpc
 import lz4.block
 import numpy as np
 
+from amprl import errors
 from amprl.common.grpcutil import DEFAULT_MAX_MESSAGE_BYTES, make_channel, raise_for_rpc_error
 from amprl.v1 import replay_pb2, replay_pb2_grpc
 from amprl.wire.tensors import DTYPES, tensor_from_proto, tensor_to_proto
@@ -50,6 +57,12 @@ class SampledBatch:
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
+
+    def split(self, batch_size: int) -> list["SampledBatch"]:
+        """Consecutive sub-batches of ``batch_size`` (views; the last may be shorter)."""
+        return [SampledBatch(*(getattr(self, f.name)[i:i + batch_size] for f in fields(self) if f.name != "size"),
+                             size=self.size)
+                for i in range(0, len(self), batch_size)]
 
 
 def decode_frames(batch: replay_pb2.TransitionBatch) -> np.ndarray:
@@ -163,3 +176,136 @@ class ReplayClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# -- several shards ------------------------------------------------------------------------
+
+SHARD_KEY_BITS = 56
+"""Keys handed out by ShardedReplayClient carry the shard index above this bit: a shard's own
+keys are < 2**56 (at a million insertions a second, two thousand years)."""
+
+_SHARD_INFO_MAX_AGE_S = 1.0
+
+
+def shard_for(actor_id: str, num_shards: int) -> int:
+    """The shard an actor inserts into: a stable hash of its id (the pod name), so an actor
+    keeps its shard across restarts and the fleet spreads evenly without coordination."""
+    digest = hashlib.blake2b(actor_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % num_shards
+
+
+class ShardedReplayClient:
+    """Several replay shards behind ReplayClient's methods (``connect`` builds one).
+
+    Each actor inserts into one shard (``shard_for`` its id). Each ``sample`` draws the
+    whole batch from one shard, chosen with probability proportional to the shard's total
+    priority (Info's total_priority, refreshed at most every second), so a transition's
+    chance of being drawn is the same as in one table holding every shard:
+    P(i) = (T_s / T) * P_s(i). The batch's probabilities are rescaled to that global P(i);
+    its importance weights are the shard's, which differ from the global ones by one
+    factor per batch, removed anyway by the normalization by the batch maximum. Keys are
+    tagged with their shard (``shard << SHARD_KEY_BITS | key``) so ``update_priorities``
+    routes each key back to its shard.
+    """
+
+    def __init__(self, addresses: list[str], *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 seed: int | None = None):
+        if len(addresses) < 2:
+            raise ValueError(f"ShardedReplayClient needs at least 2 addresses, got {addresses}")
+        self.addresses = list(addresses)
+        self.shards = [ReplayClient(a, max_message_bytes=max_message_bytes) for a in addresses]
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+        self._totals: np.ndarray | None = None
+        self._totals_at = 0.0
+
+    @property
+    def address(self) -> str:
+        return ",".join(self.addresses)
+
+    def insert(self, actor_id: str, items: Iterable[tuple[Chunk, np.ndarray, int]],
+               timeout: float | None = None) -> replay_pb2.InsertResponse:
+        """Inserts into the actor's own shard (its ``size`` is that shard's)."""
+        return self.shards[shard_for(actor_id, len(self.shards))].insert(actor_id, items, timeout)
+
+    def _pick_shard(self, timeout: float | None) -> int:
+        now = time.monotonic()
+        with self._lock:
+            fresh = self._totals is not None and now - self._totals_at < _SHARD_INFO_MAX_AGE_S
+        if not fresh:
+            totals = np.array([float(s.info(timeout=timeout or 5.0).total_priority)
+                               for s in self.shards])
+            with self._lock:
+                self._totals, self._totals_at = totals, now
+        with self._lock:
+            totals = self._totals
+            if totals.sum() <= 0:  # nothing anywhere yet: wait on any shard's min size
+                return int(self._rng.integers(len(self.shards)))
+            return int(self._rng.choice(len(self.shards), p=totals / totals.sum()))
+
+    def sample(self, batch_size: int, beta: float, timeout: float | None = None) -> SampledBatch:
+        """A prioritized batch from one shard chosen by total priority (see the class)."""
+        shard = self._pick_shard(timeout)
+        batch = self.shards[shard].sample(batch_size, beta, timeout)
+        with self._lock:
+            totals = self._totals
+        share = totals[shard] / totals.sum() if totals.sum() > 0 else 1.0 / len(self.shards)
+        batch.probabilities = (batch.probabilities * share).astype(np.float32)
+        batch.keys = batch.keys | np.int64(shard << SHARD_KEY_BITS)
+        return batch
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray,
+                          timeout: float | None = None) -> replay_pb2.UpdatePrioritiesResponse:
+        """Routes each tagged key to its shard; the counts are summed."""
+        keys = np.asarray(keys, dtype=np.int64)
+        priorities = np.asarray(priorities, dtype=np.float32)
+        if keys.shape != priorities.shape:
+            raise errors.InvalidArgument(f"priorities: {priorities.shape} values for {keys.shape} keys")
+        shard_of = keys >> SHARD_KEY_BITS
+        bad = (shard_of < 0) | (shard_of >= len(self.shards))
+        if bad.any():
+            raise errors.InvalidArgument(f"key {int(keys[bad][0])} names no shard of "
+                                         f"{len(self.shards)}: pass back the keys sample returned")
+        local = keys & np.int64((1 << SHARD_KEY_BITS) - 1)
+        out = replay_pb2.UpdatePrioritiesResponse()
+        for shard in np.unique(shard_of):
+            mine = shard_of == shard
+            r = self.shards[int(shard)].update_priorities(local[mine], priorities[mine], timeout)
+            out.updated += r.updated
+            out.evicted += r.evicted
+        return out
+
+    def info(self, timeout: float | None = None) -> replay_pb2.ReplayServiceInfoResponse:
+        """Every shard's Info summed (counts, sizes, priorities); rate-limiter fields and the
+        live window are the first shard's."""
+        infos = [s.info(timeout=timeout) for s in self.shards]
+        out = replay_pb2.ReplayServiceInfoResponse()
+        out.CopyFrom(infos[0])
+        for field in ("size", "capacity", "inserted_total", "sampled_total", "env_steps_total",
+                      "priority_updates_total", "actors_seen", "actors_live",
+                      "redis_used_memory_bytes", "total_priority"):
+            setattr(out, field, sum(getattr(i, field) for i in infos))
+        return out
+
+    def close(self) -> None:
+        for s in self.shards:
+            s.close()
+
+    def __enter__(self) -> "ShardedReplayClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def connect(addresses: str | list[str], *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+            ) -> ReplayClient | ShardedReplayClient:
+    """A client of the replay shard(s) at ``addresses`` ("host:port", or a comma-separated
+    list / a list with one address per shard, in shard order)."""
+    if isinstance(addresses, str):
+        addresses = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not addresses:
+        raise errors.InvalidArgument("no replay address (set --replay or AMPRL_REPLAY_ADDRESS)")
+    if len(addresses) == 1:
+        return ReplayClient(addresses[0], max_message_bytes=max_message_bytes)
+    return ShardedReplayClient(addresses, max_message_bytes=max_message_bytes)

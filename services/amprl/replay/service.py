@@ -166,12 +166,17 @@ def create_server(cfg: ExperimentConfig, spec: EnvSpec, redis_url: str, host: st
                   port: int = 0, *, max_workers: int = 16,
                   max_message_bytes: int = grpcutil.DEFAULT_MAX_MESSAGE_BYTES,
                   prefix: str = "amprl:replay:default",
-                  seed: int | None = None) -> tuple[grpc.Server, int, ReplayTable]:
+                  seed: int | None = None,
+                  live_window_s: float | None = None) -> tuple[grpc.Server, int, ReplayTable]:
     """Opens (or rebuilds) the table in Redis at ``redis_url`` and starts serving it.
 
-    Returns the started server, the bound port and the table.
+    ``live_window_s`` (default ``table.LIVE_WINDOW_S``): an actor counts as live in Info if
+    it inserted within this many seconds. Returns the started server, the bound port and
+    the table.
     """
-    table = ReplayTable(ReplayStorage.from_url(redis_url, prefix), spec, cfg.replay, seed=seed)
+    extra = {} if live_window_s is None else {"live_window_s": live_window_s}
+    table = ReplayTable(ReplayStorage.from_url(redis_url, prefix), spec, cfg.replay, seed=seed,
+                        **extra)
     servicer = ReplayServicer(table)
     server, bound = grpcutil.create_server(
         [(replay_pb2_grpc.add_ReplayServiceServicer_to_server, servicer, SERVICE_NAME)],

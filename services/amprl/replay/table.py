@@ -131,8 +131,9 @@ class ReplayTable:
     """One prioritized replay table; see the module docstring."""
 
     def __init__(self, storage: ReplayStorage, spec: EnvSpec, cfg: ReplayConfig, *,
-                 seed: int | None = None):
+                 seed: int | None = None, live_window_s: float = LIVE_WINDOW_S):
         self.storage = storage
+        self.live_window_s = float(live_window_s)
         self.spec = spec
         self.capacity = int(cfg.capacity)
         self.alpha = float(cfg.alpha)
@@ -581,8 +582,8 @@ class ReplayTable:
                 "env_steps_total": self.env_steps_total,
                 "priority_updates_total": self.priority_updates_total,
                 "actors_seen": len(self.actors),
-                "actors_live": sum(1 for t in self.actors.values() if now - t <= LIVE_WINDOW_S),
-                "live_window_seconds": LIVE_WINDOW_S,
+                "actors_live": sum(1 for t in self.actors.values() if now - t <= self.live_window_s),
+                "live_window_seconds": self.live_window_s,
                 "total_priority": self.tree.total,
                 "oldest_key": self.oldest_key, "next_key": self.next_key,
                 "cache_bytes": self.cache_bytes,
