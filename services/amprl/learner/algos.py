@@ -16,7 +16,9 @@ from amprl.rl.targets import TargetNetwork
 
 
 def _tensor(x: np.ndarray, device: torch.device, pin: bool) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(x))
+    # sampled arrays may be read-only views of the gRPC message; torch needs its own memory
+    x = np.ascontiguousarray(x) if x.flags.writeable else np.array(x)
+    t = torch.from_numpy(x)
     if pin:
         t = t.pin_memory()
     return t.to(device, non_blocking=True)

@@ -1,0 +1,125 @@
+"""The real Learner against a real replay service (real Redis) and a real parameter server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from amprl.common.redis_server import EmbeddedRedis
+from amprl.config import load_config
+from amprl.envs.factory import env_spec
+from amprl.learner.learner import Learner
+from amprl.paramserver.client import ParameterClient
+from amprl.paramserver.service import create_server as create_ps
+from amprl.replay.client import ReplayClient
+from amprl.replay.service import create_server as create_replay
+from amprl.rl.models import build_model
+from amprl.wire.transitions import Chunk
+
+
+def _chunk(spec, rng, T=200, nan_rewards=False):
+    frames = rng.standard_normal((T + 3, *spec.frame_shape)).astype(np.float32)
+    idx = np.arange(T, dtype=np.int32)[:, None]
+    rewards = np.ones(T, np.float32)
+    chunk = Chunk(frames, idx, idx + 3, rng.integers(spec.num_actions, size=T).astype(np.int64),
+                  rewards, np.full(T, 0.97, np.float32))
+    return chunk, np.full(T, 1.0, np.float32), T
+
+
+@pytest.fixture
+def system(tmp_path):
+    started = []
+
+    def start(*overrides):
+        cfg = load_config(None, ["replay.min_size_to_sample=100", "learner.batch_size=32",
+                                 "paramserver.checkpoint_interval_s=0", *overrides])
+        spec = env_spec(cfg.env)
+        redis = EmbeddedRedis(tmp_path / "redis")
+        started.append(redis.stop)
+        server, port, table = create_replay(cfg, spec, redis.url, "127.0.0.1", 0, seed=0)
+        started.append(lambda: (server.stop(0).wait(), table.storage.close()))
+        torch.manual_seed(cfg.run.seed)
+        ps = create_ps(cfg, build_model(cfg, spec), host="127.0.0.1", port=0)
+        started.append(ps.stop)
+        replay = ReplayClient(f"127.0.0.1:{port}")
+        started.append(replay.close)
+        rng = np.random.default_rng(0)
+        replay.insert("test", [_chunk(spec, rng) for _ in range(5)], timeout=30)
+        psc = ParameterClient(f"127.0.0.1:{ps.port}", client_id="learner:test")
+        started.append(psc.close)
+        learner = Learner(cfg, spec, ReplayClient(f"127.0.0.1:{port}"), psc, device="cpu")
+        started.append(learner.stop)
+        return learner, replay, psc
+
+    try:
+        yield start
+    finally:
+        for stop in reversed(started):
+            stop()
+
+
+def _run_updates(learner, n, timeout=60):
+    stop = threading.Event()
+    t = threading.Timer(timeout, stop.set)
+    t.start()
+    learner.run(stop, max_updates=n)
+    t.cancel()
+
+
+def test_updates_push_gradients_and_advance_the_version(system):
+    learner, replay, ps = system()
+    learner.start()
+    _run_updates(learner, 30)
+    learner.stop()
+    assert learner.stats.updates == 30
+    assert ps.info().version >= 30
+    assert learner.stats.grad_norm > 0  # the pre-clip norm is recorded
+    deadline = time.monotonic() + 10
+    while replay.info().priority_updates_total == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert replay.info().priority_updates_total > 0
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_updates_run_on_cpu(system, precision):
+    learner, _, ps = system(f"learner.precision={precision}")
+    learner.start()
+    _run_updates(learner, 10)
+    learner.stop()
+    assert learner.stats.updates == 10 and ps.info().version >= 10
+    if precision == "fp16":
+        assert learner.precision.scale == 65536.0  # GradScaler init scale, no overflow yet
+
+
+def test_non_finite_gradients_are_skipped_and_never_pushed(system):
+    learner, _, ps = system()
+    learner.start()
+    _run_updates(learner, 2)
+    learner._drain_pushes(0)
+    version = ps.info().version
+    batch, keys = learner._batches.get(timeout=30)
+    batch.rewards[:] = float("nan")
+    learner.update((batch, keys))
+    learner._drain_pushes(0)
+    assert learner.stats.skipped_nonfinite == 1
+    assert ps.info().version == version
+    assert ps.info().pushes_rejected_invalid == 0
+
+
+def test_fp16_overflow_backs_off_the_loss_scale_and_skips_the_step(system):
+    learner, _, ps = system("learner.precision=fp16")
+    learner.start()
+    _run_updates(learner, 1)
+    learner._drain_pushes(0)
+    version = ps.info().version
+    batch, keys = learner._batches.get(timeout=30)
+    batch.rewards[:] = 6e4  # Q - y beyond fp16 range once scaled by 65536
+    learner.update((batch, keys))
+    learner._drain_pushes(0)
+    assert learner.stats.skipped_nonfinite == 1
+    assert learner.precision.scale == 32768.0
+    assert ps.info().version == version

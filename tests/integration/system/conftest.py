@@ -1,0 +1,291 @@
+"""A small running AMP-RL system for behaviour tests: real processes, real Redis, real gRPC.
+
+``system`` (module scope) starts an embedded Redis, then replay, the parameter server (main
+port + pull port), a learner and an evaluator as OS processes, each configured only through
+the environment, as the chart configures pods. Actors are added and removed by the tests
+(``system.start_actor`` / ``system.stop_actor``). Every process runs in its own process
+group and is stopped by its PID at teardown, whatever happened.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from amprl.common.redis_server import EmbeddedRedis
+
+# A CartPole DQN small enough to run beside several actors on two cores. The rate
+# limiter is off (samples_per_insert 0) so actors are never throttled by replay.
+TINY_CONFIG = """\
+name: system-test
+algo: dqn
+env:
+  id: CartPole-v1
+network:
+  hidden_sizes: [32, 32]
+  dueling: true
+dqn:
+  n_step: 3
+  target_update_period: 50
+replay:
+  capacity: 20000
+  min_size_to_sample: 200
+  samples_per_insert: 0.0
+learner:
+  batch_size: 32
+  precision: fp32
+  device: cpu
+  torch_threads: 1
+  prefetch_batches: 2
+paramserver:
+  checkpoint_interval_s: 0
+actor:
+  envs_per_actor: 2
+  chunk_transitions: 32
+  weight_refresh_steps: 200
+  torch_threads: 1
+evaluator:
+  interval_s: 1.0
+  episodes: 2
+run:
+  seed: 0
+  total_env_steps: 100000000
+  target_return: 100000.0
+  stop_at_target: false
+"""
+
+LIVE_WINDOW_S = 3.0
+
+
+def clean_env(**amprl_vars: str) -> dict[str, str]:
+    """The parent's environment without any AMPRL_* variable, plus ``amprl_vars``: a
+    process sees only the settings a pod spec would give it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMPRL_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(amprl_vars)
+    return env
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def spawn(name: str, subcommand: str, env: dict[str, str], log_dir: Path,
+          args: list[str] | None = None) -> Proc:
+    """``python -m amprl.cli SUBCOMMAND`` in its own process group, logging to a file."""
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen([sys.executable, "-m", "amprl.cli", subcommand, *(args or [])],
+                                 env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    return Proc(name, popen, log_path)
+
+
+def stop(proc: Proc, timeout_s: float = 15.0) -> int:
+    """SIGTERM the process group (SIGCONT first: a stopped process cannot act on it),
+    then SIGKILL what remains; returns the exit code."""
+    if proc.alive():
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+    try:
+        return proc.popen.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return proc.popen.wait(timeout=5)
+
+
+def read_port(path: Path, proc: Proc, timeout_s: float = 90.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")
+        time.sleep(0.05)
+    raise TimeoutError(f"{proc.name} did not serve within {timeout_s:.0f}s:\n{proc.log()[-3000:]}")
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class CpuLimit:
+    """Emulates per-pod CPU limits (``resources.limits.cpu``) on a small test machine.
+
+    Each registered process may run only during its own slot of every ``period_s``
+    (SIGCONT at the slot's start, SIGSTOP at its end), so four actors at a 0.25 share take
+    turns on one core instead of fighting over the box's two: the fleet's throughput is
+    then bounded by the pods, as on a cluster with room to spare, and scales with their
+    number. The kernel's CFS quota would do the same, but cgroups are not writable here.
+    """
+
+    def __init__(self, period_s: float = 0.1):
+        self.period_s = period_s
+        self._slots: dict[int, tuple[float, float]] = {}  # pid -> (start, end) in [0, 1)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-limit", daemon=True)
+        self._thread.start()
+
+    def add(self, pid: int, start: float, share: float) -> None:
+        with self._lock:
+            self._slots[pid] = (start, start + share)
+
+    def remove(self, pid: int) -> None:
+        with self._lock:
+            self._slots.pop(pid, None)
+        _signal(pid, signal.SIGCONT)
+
+    def _run(self) -> None:
+        running: set[int] = set()
+        while not self._stop.is_set():
+            phase = (time.monotonic() % self.period_s) / self.period_s
+            with self._lock:
+                slots = dict(self._slots)
+            for pid, (start, end) in slots.items():
+                on = start <= phase < end or start <= phase + 1 < end
+                if on and pid not in running:
+                    _signal(pid, signal.SIGCONT)
+                    running.add(pid)
+                elif not on and pid in running:
+                    _signal(pid, signal.SIGSTOP)
+                    running.discard(pid)
+            running &= set(slots)
+            time.sleep(self.period_s / 50)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        with self._lock:
+            pids, self._slots = list(self._slots), {}
+        for pid in pids:
+            _signal(pid, signal.SIGCONT)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
+class System:
+    root: Path
+    env: dict[str, str]
+    """The addresses every actor pod gets: AMPRL_CONFIG, AMPRL_REPLAY_ADDRESS,
+    AMPRL_PARAMSERVER_ADDRESS (the pull port)."""
+    replay_address: str
+    paramserver_address: str
+    paramserver_pull_address: str
+    services: dict[str, Proc]
+    ports: dict[str, int]
+    actors: dict[str, Proc] = field(default_factory=dict)
+    cpu: CpuLimit | None = None
+
+    def start_actor(self, actor_id: str) -> Proc:
+        """An actor started as a pod would be: only environment variables, no flags."""
+        proc = spawn(actor_id, "actor", clean_env(**self.env, AMPRL_ID=actor_id,
+                                                   AMPRL_HOST="127.0.0.1"), self.root / "logs")
+        self.actors[actor_id] = proc
+        return proc
+
+    def stop_actor(self, actor_id: str) -> int:
+        proc = self.actors.pop(actor_id)
+        if self.cpu is not None:
+            self.cpu.remove(proc.pid)
+        return stop(proc)
+
+    def replay_info(self):
+        from amprl.replay.client import ReplayClient
+        with ReplayClient(self.replay_address) as c:
+            return c.info(timeout=10)
+
+    def ps_info(self):
+        from amprl.paramserver.client import ParameterClient
+        with ParameterClient(self.paramserver_pull_address, timeout_s=10) as c:
+            return c.info()
+
+    def check_alive(self) -> None:
+        for name, proc in self.services.items():
+            assert proc.alive(), f"{name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory):
+    root = tmp_path_factory.mktemp("system")
+    logs = root / "logs"
+    logs.mkdir()
+    config = root / "experiment.yaml"
+    config.write_text(TINY_CONFIG)
+    redis = EmbeddedRedis(root / "redis")
+    services: dict[str, Proc] = {}
+    sys_ = None
+    try:
+        base = dict(AMPRL_CONFIG=str(config), AMPRL_HOST="127.0.0.1", AMPRL_LIVE_WINDOW_S=str(LIVE_WINDOW_S))
+        services["replay"] = spawn("replay", "replay", clean_env(**base, AMPRL_REDIS_URL=redis.url),
+                                   logs, ["--port-file", str(logs / "replay.port")])
+        services["paramserver"] = spawn(
+            "paramserver", "paramserver", clean_env(**base, AMPRL_PULL_PORT="0"), logs,
+            ["--port-file", str(logs / "ps.port"), "--pull-port-file", str(logs / "ps-pull.port")])
+        ports = {"replay": read_port(logs / "replay.port", services["replay"]),
+                 "paramserver": read_port(logs / "ps.port", services["paramserver"]),
+                 "paramserver_pull": read_port(logs / "ps-pull.port", services["paramserver"])}
+        replay = f"127.0.0.1:{ports['replay']}"
+        ps = f"127.0.0.1:{ports['paramserver']}"
+        pull = f"127.0.0.1:{ports['paramserver_pull']}"
+        services["learner"] = spawn("learner", "learner", clean_env(
+            **base, AMPRL_REPLAY_ADDRESS=replay, AMPRL_PARAMSERVER_ADDRESS=ps, AMPRL_ID="learner-0"),
+            logs, ["--port-file", str(logs / "learner.port")])
+        services["evaluator"] = spawn("evaluator", "evaluator", clean_env(
+            **base, AMPRL_PARAMSERVER_ADDRESS=pull, AMPRL_ID="evaluator-0",
+            AMPRL_RUN_DIR=str(root / "eval")), logs, ["--port-file", str(logs / "evaluator.port")])
+        ports["learner"] = read_port(logs / "learner.port", services["learner"])
+        ports["evaluator"] = read_port(logs / "evaluator.port", services["evaluator"])
+        sys_ = System(root, dict(AMPRL_CONFIG=str(config), AMPRL_REPLAY_ADDRESS=replay,
+                                 AMPRL_PARAMSERVER_ADDRESS=pull),
+                      replay, ps, pull, services, ports, cpu=CpuLimit())
+        yield sys_
+    finally:
+        if sys_ is not None:
+            for actor_id in list(sys_.actors):
+                sys_.stop_actor(actor_id)
+            sys_.cpu.close()
+        for name in ("evaluator", "learner", "paramserver", "replay"):
+            if name in services:
+                stop(services[name])
+        redis.stop()
