@@ -312,8 +312,9 @@ class ParameterServiceInfoResponse(_message.Message):
     live_window_seconds: _builtins.float
     """Window used for the live counts, in seconds."""
     num_tensors: _builtins.int
-    """Number of parameter tensors and their total elements."""
+    """Number of parameter tensors in the model."""
     num_parameters: _builtins.int
+    """Total elements over all parameter tensors."""
     transitions_trained: _builtins.int
     """Transitions in all applied batches."""
     def __init__(
