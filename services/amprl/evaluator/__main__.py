@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import torch
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("--paramserver (or AMPRL_PARAMSERVER_ADDRESS) is required")
         return 2
     torch.set_num_threads(1)
+    if args.run_dir:  # eval history goes here; a fresh volume may not have the folder yet
+        Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     spec = env_spec(cfg.env)
     wait_until_serving(args.paramserver, timeout_s=120)
     ps = ParameterClient(args.paramserver, client_id=f"evaluator:{args.id}")

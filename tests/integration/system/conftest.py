@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -105,12 +106,23 @@ def spawn(name: str, subcommand: str, env: dict[str, str], log_dir: Path,
 def stop(proc: Proc, timeout_s: float = 15.0) -> int:
     """SIGTERM the process group (SIGCONT first: a stopped process cannot act on it),
     then SIGKILL what remains; returns the exit code."""
-    if proc.alive():
-        for sig in (signal.SIGCONT, signal.SIGTERM):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
+    return stop_all([proc], timeout_s)[0]
+
+
+def stop_all(procs: list[Proc], timeout_s: float = 15.0) -> list[int]:
+    """``stop`` for several processes at once (they shut down in parallel)."""
+    for proc in procs:
+        if proc.alive():
+            for sig in (signal.SIGCONT, signal.SIGTERM):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+    deadline = time.monotonic() + timeout_s
+    return [_reap(proc, max(0.1, deadline - time.monotonic())) for proc in procs]
+
+
+def _reap(proc: Proc, timeout_s: float) -> int:
     try:
         return proc.popen.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -119,6 +131,12 @@ def stop(proc: Proc, timeout_s: float = 15.0) -> int:
         except ProcessLookupError:
             pass
         return proc.popen.wait(timeout=5)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def read_port(path: Path, proc: Proc, timeout_s: float = 90.0) -> int:
@@ -218,17 +236,22 @@ class System:
     cpu: CpuLimit | None = None
 
     def start_actor(self, actor_id: str) -> Proc:
-        """An actor started as a pod would be: only environment variables, no flags."""
-        proc = spawn(actor_id, "actor", clean_env(**self.env, AMPRL_ID=actor_id,
+        """An actor started as a pod would be: only environment variables, no flags (its
+        status port is fixed in advance, as the chart's containerPort is)."""
+        port = free_port()
+        proc = spawn(actor_id, "actor", clean_env(**self.env, AMPRL_ID=actor_id, AMPRL_PORT=str(port),
                                                    AMPRL_HOST="127.0.0.1"), self.root / "logs")
         self.actors[actor_id] = proc
+        self.ports[actor_id] = port
         return proc
 
-    def stop_actor(self, actor_id: str) -> int:
-        proc = self.actors.pop(actor_id)
+    def stop_actors(self, actor_ids: list[str]) -> list[int]:
+        """SIGTERM, as Kubernetes does to the pods a scale-down removes; the exit codes."""
+        procs = [self.actors.pop(a) for a in actor_ids]
         if self.cpu is not None:
-            self.cpu.remove(proc.pid)
-        return stop(proc)
+            for proc in procs:
+                self.cpu.remove(proc.pid)
+        return stop_all(procs)
 
     def replay_info(self):
         from amprl.replay.client import ReplayClient
@@ -282,10 +305,9 @@ def system(tmp_path_factory):
         yield sys_
     finally:
         if sys_ is not None:
-            for actor_id in list(sys_.actors):
-                sys_.stop_actor(actor_id)
             sys_.cpu.close()
-        for name in ("evaluator", "learner", "paramserver", "replay"):
-            if name in services:
-                stop(services[name])
+            stop_all(list(sys_.actors.values()))
+        # Clients first, then the servers they talk to, each group in parallel.
+        stop_all([services[n] for n in ("evaluator", "learner") if n in services])
+        stop_all([services[n] for n in ("paramserver", "replay") if n in services])
         redis.stop()
