@@ -1,10 +1,15 @@
 """CartPole through the whole system: median time- and steps-to-target over seeds.
 
-    python bench/cartpole.py --seeds 3 [--grad-encoding onebit] [--set key=value ...]
+    python bench/cartpole.py --seeds 3 [--grad-encoding onebit] [--rtt-ms 300] [--set key=value ...]
 
 Runs `amprl run configs/cartpole-dqn.yaml` once per seed, one after another, each for the
 config's whole step budget (run.stop_at_target=false) so the final evaluation shows whether
 the policy stays solved. Prints one JSON line.
+
+``--rtt-ms R`` runs each seed with ``bench/wanrun.py`` instead: the same services, but the
+learner reaches the parameter server through a DelayRelay adding R/2 ms each way (actors
+and the evaluator dial the server directly). For a slow link use the tuned experiment:
+``--config configs/cartpole-dqn-wan.yaml --rtt-ms 300``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--config", default=str(ROOT / "configs/cartpole-dqn.yaml"))
     p.add_argument("--grad-encoding", default="", choices=["", "fp32", "bf16", "fp16", "onebit"])
+    p.add_argument("--rtt-ms", type=float, default=None,
+                   help="round trip between learner and parameter server (via bench/wanrun.py)")
     p.add_argument("--stop-at-target", action="store_true", help="stop each run at the target (faster, no final-eval check)")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args()
@@ -38,6 +45,9 @@ def main() -> int:
             run_dir = Path(tmp) / f"seed{seed}"
             cmd = [sys.executable, "-m", "amprl.cli", "run", args.config, "--run-dir", str(run_dir),
                    "--progress-interval", "5", "--set", f"run.seed={seed}"]
+            if args.rtt_ms is not None:
+                cmd = [sys.executable, str(ROOT / "bench/wanrun.py"), args.config, "--run-dir", str(run_dir),
+                       "--rtt-ms", str(args.rtt_ms), "--progress-interval", "5", "--set", f"run.seed={seed}"]
             for o in overrides:
                 cmd += ["--set", o]
             proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -58,6 +68,7 @@ def main() -> int:
     print(json.dumps({
         "config": Path(args.config).name,
         "overrides": overrides,
+        "rtt_ms": args.rtt_ms,
         "seeds": args.seeds,
         "solved_seeds": len(solved),
         "time_to_target_seconds": med(ttt),

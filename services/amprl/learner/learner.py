@@ -5,12 +5,48 @@ One update, read straight down:
     batch   = prefetch_queue.get()          # sampled in the background from replay
     loss    = algo.loss(batch)              # under torch.autocast (bf16 / fp16)
     grads   = backward, unscale, clip       # non-finite -> skip, never pushed
-    push(compress(grads), base_version)     # async; at most max_pushes_in_flight pending
+    push(compress(grads), base_version)     # async, inside a bounded window (below)
     priorities -> replay                    # async, by a background thread
 
 Weights come back from the parameter server: every push reply announces a new version and
 a background thread pulls it; the update loop swaps new weights in between updates, so
-network round trips (up to ~300 ms) overlap with computation instead of stalling it.
+network round trips overlap with computation instead of stalling it.
+
+Latency tolerance -- the rule
+-----------------------------
+The parameter server applies a push only if ``staleness = server version - base version``
+is at most ``paramserver.max_staleness``. With a round trip R between learner and server
+and W pushes in flight, the server advances W versions per R, and a gradient reaches it
+computed on weights pulled between R/2 and 3R/2 earlier: its staleness is about W to 2W.
+Hence:
+
+* **Window.** At most ``W = learner.max_pushes_in_flight`` pushes are in flight; 0 means
+  auto, ``W = max(1, max_staleness // 2)``, the widest window the staleness rule accepts.
+  The window bounds optimizer steps per round trip (W / R), whatever the learner's speed.
+* **Accumulate instead of waiting.** While the window is full, each new batch's clipped
+  gradient is averaged into the next push (up to ``learner.max_batches_per_push`` batches;
+  1 = wait for a slot, the plain bounded window). So at 300 ms RTT the learner keeps
+  training at its own rate (updates/s does not collapse) and each push -- one Adam step
+  on the server -- carries a larger effective batch; at low RTT the window is never full
+  and every batch is its own push. The push's base version is the oldest weights any of
+  its batches used (staleness is never understated). An update counts a batch trained;
+  ``stats.pushes`` counts optimizer steps sent. The trade-off: averaged batches buy
+  throughput, not optimizer steps -- replay's rate limiter counts sampled batches, so
+  actors run ahead of the (fewer, larger) steps and steps-to-target grows. With
+  ``max_batches_per_push`` 1 the learner instead runs at W / R updates/s and keeps the
+  per-step sample efficiency, paying in wall-clock time.
+* **Deadlines.** Every push has ``learner.push_timeout_s`` (including waiting for a lost
+  connection to come back), pulls 30 s, samples 2 s; keepalive pings (grpcutil) detect a
+  dead peer. A push is never resent: it may have been applied before the reply was lost.
+* **Re-sync.** A FAILED_PRECONDITION (too stale, or ahead of a server that restarted from
+  an older checkpoint) or a failed push (lost connection, deadline) asks the pull thread
+  for the server's full current weights (``have_version=0``), which replace the replica
+  whatever their version -- also a *lower* one after a server restart (the target network
+  then hard-resets, see ``TargetNetwork.maybe_update``). Gradients accumulated on weights
+  newer than the server's are dropped. The learner's own state -- error-feedback
+  residuals, target networks, counters, the prefetched batches -- lives in this process and
+  survives any number of re-syncs and reconnects (the gRPC channel reconnects by itself;
+  calls wait for it under their deadlines).
 """
 
 from __future__ import annotations
@@ -51,6 +87,17 @@ class LearnerStats:
     loss: float = 0.0
     grad_norm: float = 0.0
     priority_updates: int = 0
+    pushes: int = 0
+    """Pushes sent (each one optimizer step on the server once applied)."""
+    pushes_applied: int = 0
+    batches_per_push: float = 1.0
+    """Mean batches averaged into one push (> 1 while the window is full: see the rule)."""
+    resyncs: int = 0
+    """Full-weight pulls after a rejected or failed push."""
+    server_rollbacks: int = 0
+    """Times the pulled version was lower than the replica's (server restored a checkpoint)."""
+    push_rtt_ms: float = 0.0
+    """Moving average of a push's round trip (send to reply)."""
 
 
 class Learner:
@@ -77,11 +124,21 @@ class Learner:
         self._stop = threading.Event()
         self._batches: queue.Queue = queue.Queue(maxsize=self.lcfg.prefetch_batches)
         self._priorities: queue.Queue = queue.Queue(maxsize=256)
+        self.window = self.lcfg.max_pushes_in_flight or max(1, cfg.paramserver.max_staleness // 2)
+        """Pushes in flight at most (see the rule in the module docstring)."""
         self._inflight: collections.deque = collections.deque()
         self._pending_weights: tuple[int, dict] | None = None
         self._pending_lock = threading.Lock()
         self._want_pull = threading.Event()
+        self._resync = threading.Event()  # the next pull fetches the full current weights
         self._newest_seen = 0
+        # gradients averaged into the next push while the window is full
+        self._acc: dict[str, torch.Tensor] = {}
+        self._acc_count: dict[str, int] = {}
+        self._acc_batches = 0
+        self._acc_items = 0
+        self._acc_base = 0
+        self._batches_pushed = 0
         self._threads: list[threading.Thread] = []
         self._loss_sum = 0.0
         self._loss_n = 0
@@ -146,15 +203,24 @@ class Learner:
             if not self._want_pull.wait(timeout=0.5):
                 continue
             self._want_pull.clear()
+            resync = self._resync.is_set()
+            self._resync.clear()
             try:
-                have = self._pending_weights[0] if self._pending_weights else self.version
+                pending = self._pending_weights
+                have = 0 if resync else (pending[0] if pending else self.version)
                 version, weights = self.ps.pull(have_version=have, timeout=30.0)
             except errors.AmprlError as exc:
                 log.warning("pull failed: %s", exc)
+                if resync:
+                    self._resync.set()
                 self._stop.wait(0.2)
                 self._want_pull.set()
                 continue
+            if resync:
+                self.stats.resyncs += 1
             if weights is not None:
+                # Pulls are sequential, so this is the newest state of the server we know;
+                # the swap loads it whatever its version (see "Re-sync" in the docstring).
                 with self._pending_lock:
                     self._pending_weights = (version, weights)
 
@@ -163,6 +229,9 @@ class Learner:
         version, weights = self.ps.pull(have_version=0, timeout=60.0)
         self._load(version, weights)
         self.algo.on_weights(self.version, initial=True)
+        log.info("push window %d, up to %d batches per push, push deadline %.1f s (max_staleness %d)",
+                 self.window, self.lcfg.max_batches_per_push, self.lcfg.push_timeout_s,
+                 self.cfg.paramserver.max_staleness)
         for target, name in ((self._prefetch_loop, "prefetch"), (self._priority_loop, "priorities"),
                              (self._pull_loop, "pull")):
             t = threading.Thread(target=target, name=f"learner-{name}", daemon=True)
@@ -170,6 +239,8 @@ class Learner:
             self._threads.append(t)
 
     def stop(self) -> None:
+        """Waits for the pushes in flight (a partly accumulated push is dropped: less than
+        one optimizer step), then stops the threads."""
         self._drain_pushes(0)
         self._stop.set()
         for t in self._threads:
@@ -186,15 +257,27 @@ class Learner:
     def _swap_in_new_weights(self) -> None:
         with self._pending_lock:
             pending, self._pending_weights = self._pending_weights, None
-        if pending is not None and pending[0] > self.version:
-            self._load(*pending)
-            self.algo.on_weights(self.version)
+        if pending is None:
+            return
+        version = pending[0]
+        if version < self.version:
+            self.stats.server_rollbacks += 1
+            log.warning("parameter server went back from version %d to %d (restored a "
+                        "checkpoint?): re-synced", self.version, version)
+        if self._acc and version < self._acc_base:
+            self._clear_accumulator()  # computed on weights the server no longer has
+        self._load(*pending)
+        self.algo.on_weights(self.version)
 
     # -- pushes ----------------------------------------------------------------------------
 
-    def _on_push_done(self, fut) -> None:
+    def _on_push_done(self, fut, sent: float) -> None:
         try:
             reply = fut.result()
+            rtt_ms = (time.monotonic() - sent) * 1e3
+            a = 0.1 if self.stats.pushes_applied else 1.0
+            self.stats.push_rtt_ms += a * (rtt_ms - self.stats.push_rtt_ms)
+            self.stats.pushes_applied += 1
             self._newest_seen = max(self._newest_seen, reply.version)
             if reply.version - self.version < self.lcfg.pull_lag_versions:
                 return  # the replica is recent enough; don't pay a pull for every push
@@ -202,18 +285,67 @@ class Learner:
             self.stats.stale_rejections += 1
             if exc.current_version is not None:
                 self._newest_seen = max(self._newest_seen, exc.current_version)
+            self._resync.set()
         except Exception as exc:  # noqa: BLE001 - counted and logged, the loop goes on
+            # lost connection, deadline, server restart: the server may now be anywhere
             self.stats.push_errors += 1
             log.warning("push failed: %s", exc)
+            self._resync.set()
         self._want_pull.set()
 
     def _drain_pushes(self, keep: int) -> None:
         while len(self._inflight) > keep:
             fut = self._inflight.popleft()
             try:
-                fut.result(timeout=60.0)
+                fut.result(timeout=self.lcfg.push_timeout_s + 5.0)
             except Exception:  # noqa: BLE001 - already handled in _on_push_done
                 pass
+
+    def _window_full(self) -> bool:
+        while self._inflight and self._inflight[0].done():
+            self._inflight.popleft()
+        # replies may come out of order: count the ones still pending
+        return sum(1 for f in self._inflight if not f.done()) >= self.window
+
+    def _clear_accumulator(self) -> None:
+        self._acc, self._acc_count = {}, {}
+        self._acc_batches = self._acc_items = 0
+
+    def _accumulate(self, grads: dict[str, torch.Tensor], items: int) -> None:
+        if not self._acc_batches:
+            self._acc_base = self.version
+        self._acc_base = min(self._acc_base, self.version)
+        for name, g in grads.items():
+            if name in self._acc:
+                self._acc[name].add_(g)
+                self._acc_count[name] += 1
+            else:
+                # .grad is replaced (zero_grad(set_to_none=True)) before the next backward,
+                # so the accumulator may own this tensor
+                self._acc[name] = g
+                self._acc_count[name] = 1
+        self._acc_batches += 1
+        self._acc_items += items
+
+    def _push(self, base_version: int, grads: dict[str, torch.Tensor], items: int,
+              batches: int) -> None:
+        msgs = self.compressor.compress(grads)
+        self._drain_pushes(self.window - 1)  # blocks only when the window is full
+        sent = time.monotonic()
+        fut = self.ps.push_future(base_version, msgs, batch_size=items,
+                                  timeout=self.lcfg.push_timeout_s)
+        fut.add_done_callback(lambda f: self._on_push_done(f, sent))
+        self._inflight.append(fut)
+        self.stats.pushes += 1
+        self._batches_pushed += batches
+        self.stats.batches_per_push = self._batches_pushed / self.stats.pushes
+
+    def _flush(self) -> None:
+        grads = {n: g / self._acc_count[n] if self._acc_count[n] > 1 else g
+                 for n, g in self._acc.items()}
+        base, items, batches = self._acc_base, self._acc_items, self._acc_batches
+        self._clear_accumulator()
+        self._push(base, grads, items, batches)
 
     # -- the update ------------------------------------------------------------------------
 
@@ -249,11 +381,13 @@ class Learner:
             self.stats.skipped_nonfinite += 1
             return True
         grads = {n: self._params[n].grad for n in names if self._params[n].grad is not None}
-        msgs = self.compressor.compress(grads)
-        self._drain_pushes(self.lcfg.max_pushes_in_flight - 1)
-        fut = self.ps.push_future(self.version, msgs, batch_size=len(keys))
-        fut.add_done_callback(self._on_push_done)
-        self._inflight.append(fut)
+        full = self._window_full()
+        if not full and not self._acc_batches:
+            self._push(self.version, grads, len(keys), 1)  # the common case at low RTT
+        else:
+            self._accumulate(grads, len(keys))
+            if not full or self._acc_batches >= self.lcfg.max_batches_per_push:
+                self._flush()  # waits for a slot only in the second case
         self.stats.updates += 1
         self.stats.grad_norm = float(norm)
         self._loss_sum += float(loss.detach())

@@ -1,0 +1,161 @@
+"""``amprl run`` with the parameter server across a slow link from the learner.
+
+    python bench/wanrun.py CONFIG --run-dir DIR [--rtt-ms 300] [--set key=value ...]
+    python bench/wanrun.py CONFIG --run-dir DIR --paramserver HOST:PORT   # a remote server
+
+Starts what ``amprl run`` starts (embedded Redis, replay, parameter server, learner,
+``actor.num_actors`` actors, evaluator; each its own OS process) but puts a DelayRelay
+process between the learner and the parameter server: the learner dials the relay
+(127.0.0.1:0, ``rtt_ms / 2`` added to each direction); actors and the evaluator dial the
+server directly. With ``--paramserver`` no server is started: every service dials the given
+address (e.g. a relay into another network namespace: tests/integration/latency/).
+
+Stops at the target (``run.stop_at_target``), the step budget or ``run.max_wall_seconds``;
+on the budget or wall limit the final weights are evaluated once more, as ``amprl run``
+does. Writes ``<run-dir>/summary.json`` (the fields of ``amprl run``'s summary plus
+``rtt_ms``, ``versions_per_s`` and the learner's ``stale_rejections``) and prints it as one
+JSON line; progress lines go to stdout every ``--progress-interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from amprl.common.redis_server import EmbeddedRedis
+from amprl.config import dump_config, load_config
+from amprl.launch.procs import start_service, stop_services, wait_for_port
+from amprl.launch.run import Progress
+from amprl.v1 import telemetry_pb2
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from latency import start_relay, stop_relay  # noqa: E402 - bench/ is not a package
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--rtt-ms", type=float, default=0.0, help="round trip added between learner and server")
+    p.add_argument("--paramserver", default="", help="use this (remote) parameter server instead of starting one")
+    p.add_argument("--progress-interval", type=float, default=5.0)
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    run_dir = Path(args.run_dir)
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.yaml")
+    common = ["--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
+    services, relay, redis, progress = [], None, None, None
+    summary: dict = {}
+    failure = None
+    t_start = time.monotonic()
+
+    def start(name, module, extra=()):
+        svc = start_service(name, module, [*common, *extra], log_dir)
+        services.append(svc)
+        return svc
+
+    try:
+        redis = EmbeddedRedis(run_dir / "redis")
+        replay = start("replay", "amprl.replay", ["--redis-url", redis.url])
+        if args.paramserver:
+            ps_addr = learner_ps = args.paramserver
+        else:
+            ps = start("paramserver", "amprl.paramserver")
+            wait_for_port(ps)
+            ps_addr = ps.address
+            relay, relay_port = start_relay(ps.port, args.rtt_ms, log_dir / "relay.log")
+            learner_ps = f"127.0.0.1:{relay_port}"
+        wait_for_port(replay)
+        learner = start("learner", "amprl.learner", ["--replay", replay.address, "--paramserver", learner_ps,
+                                                     "--id", "learner-0"])
+        addrs = ["--replay", replay.address, "--paramserver", ps_addr]
+        actors = [start(f"actor-{i}", "amprl.actor", [*addrs, "--id", f"actor-{i}"])
+                  for i in range(cfg.actor.num_actors)]
+        evaluator = start("evaluator", "amprl.evaluator", [*addrs, "--id", "evaluator"])
+        for svc in [learner, *actors, evaluator]:
+            wait_for_port(svc)
+        progress = Progress(replay.address, ps_addr, learner.address, evaluator.address)
+        startup = time.monotonic() - t_start
+        t0, t0_unix = time.monotonic(), time.time()
+        reason, last_print = "", 0.0
+        while True:
+            time.sleep(0.25)
+            elapsed = time.monotonic() - t0
+            dead = [s for s in services if not s.alive()]
+            if dead:
+                failure = f"{dead[0].name} died ({dead[0].proc.returncode}):\n{dead[0].log_tail()}"
+                reason = "service died"
+                break
+            progress.poll()
+            if elapsed - last_print >= args.progress_interval:
+                print(progress.line(elapsed), flush=True)
+                last_print = elapsed
+            if cfg.run.stop_at_target and any(e.mean_return >= cfg.run.target_return for e in progress.evaluations):
+                reason = "target reached"
+                break
+            if progress.env_steps >= cfg.run.total_env_steps:
+                reason = "step budget reached"
+                break
+            if cfg.run.max_wall_seconds and elapsed >= cfg.run.max_wall_seconds:
+                reason = "wall-clock limit reached"
+                break
+        learner_info = None
+        try:
+            learner_info = progress.learner.Info(telemetry_pb2.LearnerServiceInfoRequest(), timeout=5)
+        except Exception:  # noqa: BLE001 - a dead learner has no Info; reported as failure
+            pass
+        if failure is None and reason != "target reached":
+            stop_services([s for s in services if s.name.startswith("actor")] + [learner])
+            progress.poll()
+            final_version = progress.version
+            deadline = time.monotonic() + cfg.evaluator.interval_s + 120
+            while time.monotonic() < deadline and evaluator.alive():
+                progress.poll()
+                if progress.evaluations and progress.evaluations[-1].param_version >= final_version:
+                    break
+                time.sleep(0.25)
+        wall = time.monotonic() - t0
+        progress.poll()
+        evals = progress.evaluations
+        hit = next((e for e in evals if e.mean_return >= cfg.run.target_return), None)
+        summary = {
+            "name": cfg.name, "rtt_ms": args.rtt_ms if not args.paramserver else None,
+            "paramserver": args.paramserver or None, "stop_reason": reason, "solved": hit is not None,
+            "target_return": cfg.run.target_return,
+            "final_eval_return": evals[-1].mean_return if evals else None,
+            "best_eval_return": max((e.mean_return for e in evals), default=None),
+            "env_steps": progress.env_steps, "updates": progress.updates,
+            "param_version": progress.version, "wall_seconds": round(wall, 2),
+            "versions_per_s": round(progress.version / max(wall, 1e-6), 1),
+            "updates_per_s": round(progress.updates / max(wall, 1e-6), 1),
+            "stale_rejections": learner_info.stale_rejections if learner_info else None,
+            "time_to_target_seconds": round(hit.unix_time - t0_unix, 2) if hit else None,
+            "steps_to_target": hit.env_steps if hit else None,
+            "evaluations": [[round(e.unix_time - t0_unix, 1), e.env_steps, e.param_version,
+                             round(e.mean_return, 1)] for e in evals],
+            "startup_seconds": round(startup, 2), "error": failure,
+        }
+    finally:
+        if progress is not None:
+            progress.close()
+        stop_services(list(reversed(services)))
+        if relay is not None:
+            stop_relay(relay)
+        if redis is not None:
+            redis.stop()
+    if summary:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(json.dumps(summary), flush=True)
+    if failure:
+        print(failure, file=sys.stderr)
+    return 1 if failure else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

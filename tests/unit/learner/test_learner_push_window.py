@@ -1,0 +1,159 @@
+"""The learner's push window, gradient accumulation and re-sync, against a fake parameter
+server whose pushes complete only when the test says so (no gRPC, no threads started)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import pytest
+import torch
+
+from amprl import errors
+from amprl.compression import decode
+from amprl.config import load_config
+from amprl.envs.factory import env_spec
+from amprl.learner.learner import Learner
+from amprl.rl.batch import Batch
+
+
+class FakePS:
+    """Records pushes; each returns a future the test resolves."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], version: int = 7):
+        self.weights = weights
+        self.version = version
+        self.pushes: list[tuple[int, dict, int, concurrent.futures.Future]] = []
+        self.pulls: list[int] = []
+
+    def push_future(self, base_version, msgs, batch_size=0, timeout=None):
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut.set_running_or_notify_cancel()
+        self.pushes.append((base_version, {m.name: decode(m) for m in msgs}, batch_size, fut))
+        return fut
+
+    def pull(self, have_version=0, timeout=None, **_):
+        self.pulls.append(have_version)
+        if have_version == self.version and have_version != 0:
+            return self.version, None
+        return self.version, {k: v.clone() for k, v in self.weights.items()}
+
+    def reply(self, i: int, version: int | None = None):
+        class Reply:
+            pass
+        r = Reply()
+        self.version = version if version is not None else self.version + 1
+        r.version = self.version
+        self.pushes[i][3].set_result(r)
+
+
+def _learner(*overrides) -> tuple[Learner, FakePS]:
+    cfg = load_config(None, ["learner.batch_size=8", "learner.device=cpu", "network.hidden_sizes=[16]",
+                             *overrides])
+    spec = env_spec(cfg.env)
+    learner = Learner(cfg, spec, replay=None, paramserver=None, device="cpu")
+    ps = FakePS({n: p.detach().clone() for n, p in learner.model.named_parameters()})
+    learner.ps = ps
+    learner.version = ps.version
+    return learner, ps
+
+
+def _batch(learner: Learner, seed: int) -> tuple[Batch, object]:
+    g = torch.Generator().manual_seed(seed)  # CartPole: 4 observations, 2 actions
+    return Batch(obs=torch.randn(8, 4, generator=g), actions=torch.randint(0, 2, (8,), generator=g), rewards=torch.randn(8, generator=g),
+                 discounts=torch.full((8,), 0.97), next_obs=torch.randn(8, 4, generator=g),
+                 weights=torch.ones(8)), list(range(8))
+
+
+def _grads(learner: Learner, item) -> dict[str, torch.Tensor]:
+    """The clipped gradient one update on ``item`` produces (computed on a scratch copy)."""
+    learner.update(item)
+    return {n: p.grad.detach().clone() for n, p in learner.model.named_parameters() if p.grad is not None}
+
+
+def test_auto_window_is_half_the_staleness_bound():
+    learner, _ = _learner("learner.max_pushes_in_flight=0", "paramserver.max_staleness=32")
+    assert learner.window == 16
+    learner, _ = _learner("learner.max_pushes_in_flight=0", "paramserver.max_staleness=1")
+    assert learner.window == 1
+    learner, _ = _learner("learner.max_pushes_in_flight=3")
+    assert learner.window == 3
+
+
+def test_each_batch_is_its_own_push_while_the_window_has_room():
+    learner, ps = _learner("learner.max_pushes_in_flight=4", "learner.max_batches_per_push=8")
+    for i in range(4):
+        learner.update(_batch(learner, i))
+    assert len(ps.pushes) == 4 and learner.stats.updates == 4
+    assert [p[0] for p in ps.pushes] == [7] * 4 and [p[2] for p in ps.pushes] == [8] * 4
+
+
+def test_a_full_window_averages_the_next_batches_into_one_push_without_waiting():
+    learner, ps = _learner("learner.max_pushes_in_flight=1", "learner.max_batches_per_push=8")
+    learner.update(_batch(learner, 0))  # fills the window
+    expected = []
+    for i in (1, 2, 3):
+        expected.append(_grads(learner, _batch(learner, i)))  # no push: the window is full
+        learner.version += 1  # new weights arrived meanwhile: base must stay the oldest
+    assert len(ps.pushes) == 1 and learner.stats.updates == 4
+    ps.reply(0)
+    learner.update(_batch(learner, 4))  # a slot is free: 4 batches go out as one push
+    assert len(ps.pushes) == 2
+    base, grads, items, _ = ps.pushes[1]
+    assert base == 7 and items == 32
+    last = {n: p.grad for n, p in learner.model.named_parameters()}
+    for name, g in grads.items():
+        mean = (sum(e[name] for e in expected) + last[name]) / 4
+        torch.testing.assert_close(g, mean)
+    assert learner.stats.batches_per_push == pytest.approx(5 / 2)
+
+
+def test_max_batches_per_push_1_waits_for_a_slot(monkeypatch):
+    learner, ps = _learner("learner.max_pushes_in_flight=1", "learner.max_batches_per_push=1")
+    learner.update(_batch(learner, 0))
+    waited = []
+    monkeypatch.setattr(learner, "_drain_pushes", lambda keep: (waited.append(keep), ps.reply(0)))
+    learner.update(_batch(learner, 1))
+    assert waited == [0] and len(ps.pushes) == 2 and ps.pushes[1][2] == 8
+
+
+def test_a_stale_rejection_resyncs_to_the_servers_weights_even_a_lower_version():
+    learner, ps = _learner("learner.grad_encoding=onebit", "learner.onebit_min_elements=1")
+    learner.update(_batch(learner, 0))
+    residuals = learner.compressor.residuals
+    assert residuals and learner.compressor.residual_norm() > 0
+    # the server restarted from an older checkpoint: version 3 with other weights
+    ps.weights = {n: torch.full_like(w, 0.5) for n, w in ps.weights.items()}
+    ps.version = 3
+    ps.pushes[0][3].set_exception(errors.FailedPrecondition("ahead", current_version=3))
+    assert learner.stats.stale_rejections == 1 and learner._want_pull.is_set()
+    t = threading.Thread(target=learner._pull_loop, daemon=True)  # the real pull thread
+    t.start()
+    for _ in range(50):
+        if learner._pending_weights is not None:
+            break
+        t.join(0.1)
+    learner._stop.set()
+    t.join(2)
+    assert ps.pulls == [0]  # a full pull, whatever the replica holds
+    learner._swap_in_new_weights()
+    assert learner.version == 3 and learner.stats.server_rollbacks == 1 and learner.stats.resyncs == 1
+    assert all(bool((p == 0.5).all()) for p in learner.model.parameters())
+    assert learner.compressor.residuals is residuals and learner.compressor.residual_norm() > 0
+
+
+def test_a_failed_push_frees_its_slot_and_asks_for_a_resync():
+    learner, ps = _learner("learner.max_pushes_in_flight=1")
+    learner.update(_batch(learner, 0))
+    ps.pushes[0][3].set_exception(errors.Unavailable("connection reset"))
+    assert learner.stats.push_errors == 1 and learner._resync.is_set()
+    learner.update(_batch(learner, 1))  # the window has room again: pushed at once
+    assert len(ps.pushes) == 2 and ps.pushes[1][2] == 8
+
+
+@pytest.mark.parametrize("override, key", [("learner.max_batches_per_push=0", "learner.max_batches_per_push"),
+                                           ("learner.max_pushes_in_flight=-1", "learner.max_pushes_in_flight"),
+                                           ("learner.push_timeout_s=0", "learner.push_timeout_s")])
+def test_window_settings_out_of_range_fail_at_load_naming_the_key(override, key):
+    with pytest.raises(errors.ConfigError, match=key):
+        load_config(None, [override])
