@@ -129,7 +129,18 @@ class LearnerConfig:
     prefetch_batches: int = 4
     """Sampled batches kept ready in the background."""
     max_pushes_in_flight: int = 2
-    """Gradient pushes awaiting the parameter server's reply before the learner waits."""
+    """Push window: gradient pushes awaiting the parameter server's reply at once. 0 = auto,
+    max(1, paramserver.max_staleness // 2): a push in flight costs up to ~2 versions of
+    staleness (its own trip plus the pull that follows), so this is the widest window the
+    staleness rule accepts; see ``amprl.learner.learner``."""
+    max_batches_per_push: int = 1
+    """While the push window is full, the gradients of up to this many batches are averaged
+    into the next push instead of waiting for a free slot (1 = wait). Hides round trips:
+    at 300 ms RTT the learner keeps training at its own rate and each push (one optimizer
+    step on the server) carries a larger effective batch."""
+    push_timeout_s: float = 10.0
+    """Deadline of one push, including waiting for a lost connection to come back; a push
+    past it is dropped (never resent) and frees its window slot."""
     pull_lag_versions: int = 1
     """Pull new weights once the server is this many versions ahead of the learner's replica
     (1 = after every push; larger values trade staleness for fewer weight transfers)."""
@@ -257,7 +268,9 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "learner.batch_size": (lambda v: v >= 1, "must be >= 1"),
     "learner.grad_clip_norm": (lambda v: v > 0, "must be > 0"),
     "learner.prefetch_batches": (lambda v: v >= 1, "must be >= 1"),
-    "learner.max_pushes_in_flight": (lambda v: v >= 1, "must be >= 1"),
+    "learner.max_pushes_in_flight": (lambda v: v >= 0, "must be >= 0 (0 = auto)"),
+    "learner.max_batches_per_push": (lambda v: v >= 1, "must be >= 1"),
+    "learner.push_timeout_s": (lambda v: v > 0, "must be > 0"),
     "learner.pull_lag_versions": (lambda v: v >= 1, "must be >= 1"),
     "learner.sample_batches_per_call": (lambda v: v >= 1, "must be >= 1"),
     "learner.onebit_block_size": (lambda v: v >= 1, "must be >= 1"),
