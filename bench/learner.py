@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import redis as redis_py
 import torch
 
 from amprl.common.redis_server import EmbeddedRedis
@@ -112,7 +113,7 @@ def main() -> int:
                     (run_dir / "logs").mkdir(parents=True)
                     dump_config(cfg, run_dir / "config.yaml")
                     common = ["--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
-                    redis.flushall()
+                    redis_py.Redis.from_url(redis.url).flushall()
                     services = [start_service("replay", "amprl.replay", common + ["--redis-url", redis.url], run_dir / "logs"),
                                 start_service("paramserver", "amprl.paramserver", common, run_dir / "logs")]
                     try:

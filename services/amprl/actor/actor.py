@@ -29,7 +29,7 @@ from amprl.actor.policy import q_values
 from amprl.config import ExperimentConfig
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
-from amprl.rl import dqn, td3
+from amprl.rl import td3
 from amprl.rl.batch import Batch
 from amprl.rl.models import build_model
 
@@ -156,12 +156,33 @@ class Actor:
     @torch.inference_mode()
     def initial_priorities(self, chunk) -> np.ndarray:
         """Ape-X: |δ| of each transition under the actor's own network, + ε."""
-        batch = Batch.from_chunk(chunk, frame_stack=self.spec.frame_stack)
         if self.discrete:
-            td = dqn.dqn_td_abs(self.model, self.model, batch, double=self.cfg.dqn.double)
+            td = self._dqn_td_abs(chunk)
         else:
+            batch = Batch.from_chunk(chunk, frame_stack=self.spec.frame_stack)
             td = td3.td3_td_abs(self.model, self.model, batch, noise=0.0)
         return td.numpy().astype(np.float32) + np.float32(self.cfg.replay.priority_epsilon)
+
+    def _dqn_td_abs(self, chunk) -> torch.Tensor:
+        """|R + D max_a Q(s', a) - Q(s, a)| with the actor's network as online and target
+        (``dqn.dqn_td_abs(model, model, ...)``), from ONE forward pass over the chunk's
+        distinct observations: the next observation of one transition is the observation
+        of another, so scoring [obs; next_obs] would run the network twice per transition.
+        """
+        rows = len(chunk.rewards)
+        if self.spec.frame_stack == 1:
+            obs, obs_i, next_i = chunk.frames, chunk.obs_idx[:, 0], chunk.next_obs_idx[:, 0]
+        else:  # distinct stacks (rows of frame indices)
+            stacks, inv = np.unique(np.concatenate((chunk.obs_idx, chunk.next_obs_idx)), axis=0,
+                                    return_inverse=True)
+            inv = inv.reshape(-1)
+            obs, obs_i, next_i = chunk.frames[stacks], inv[:rows], inv[rows:]
+        q = self.model(torch.from_numpy(np.ascontiguousarray(obs))).float()
+        obs_i, next_i = torch.from_numpy(obs_i), torch.from_numpy(next_i)
+        q_sa = q[obs_i, torch.from_numpy(np.asarray(chunk.actions, dtype=np.int64))]
+        y = (torch.from_numpy(chunk.rewards) + torch.from_numpy(chunk.discounts)
+             * q[next_i].max(dim=1).values)
+        return (q_sa - y).abs()
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -190,23 +211,30 @@ class Actor:
             env.action_space.seed(self.seed + i)
             first.append(frame)
         self.chunker.reset(np.stack(first))
-        next_frames = np.empty((n, *self.spec.frame_shape), dtype=self.spec.frame_dtype)
-        reset_frames = np.empty_like(next_frames)
-        rewards = np.zeros(n, dtype=np.float64)
-        terminated = np.zeros(n, dtype=bool)
-        truncated = np.zeros(n, dtype=bool)
+        envs = self.envs
         refresh = self.cfg.actor.weight_refresh_steps
         next_refresh = refresh
         while not stop.is_set() and (max_steps is None or self.stats.env_steps < max_steps):
             self._swap_weights()
             actions = self.act(self.chunker.observations())
-            for i, env in enumerate(self.envs):
-                next_frames[i], rewards[i], terminated[i], truncated[i], _ = env.step(actions[i])
-                if terminated[i] or truncated[i]:
-                    reset_frames[i], _ = env.reset()
+            # Per env step only env.step itself runs in Python: Python ints for discrete
+            # actions (gymnasium's Discrete.contains is slow on NumPy scalars), results
+            # gathered into arrays once per batched step.
+            results = [env.step(a) for env, a in
+                       zip(envs, actions.tolist() if self.discrete else actions)]
+            frames, rews, terms, truncs, _ = zip(*results)
+            next_frames = np.stack(frames)
+            rewards = np.array(rews, dtype=np.float64)
+            terminated = np.array(terms, dtype=bool)
+            truncated = np.array(truncs, dtype=bool)
             ended = terminated | truncated
+            reset_frames = None
+            if ended.any():
+                reset_frames = np.empty_like(next_frames)
+                for i in np.flatnonzero(ended):
+                    reset_frames[i], _ = envs[i].reset()
             ready = self.chunker.step(actions, rewards, terminated, truncated, next_frames,
-                                      reset_frames if ended.any() else None)
+                                      reset_frames)
             self._ep_return += rewards
             if ended.any():
                 for i in np.flatnonzero(ended):

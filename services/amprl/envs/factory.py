@@ -1,33 +1,81 @@
 """One factory for the environment suites a config may name.
 
-Classic control comes from gymnasium itself; Atari (ale-py) and MuJoCo suites are added by
-their own modules. ``check_env_id`` fails with a clear message before any process starts.
+Classic control and MuJoCo come from gymnasium (MuJoCo needs the ``mujoco`` package),
+Atari from ale-py (``ALE/<Game>-v5``, preprocessed by ``amprl.envs.atari``).
+``check_env_id`` fails with a clear message before any process starts.
 """
 
 from __future__ import annotations
 
 import gymnasium as gym
+import numpy as np
 
 from amprl.config import EnvConfig
 from amprl.envs.spec import EnvSpec, spec_from_env
 from amprl.errors import ConfigError
 
+_INSTALL_HINT = {
+    "atari": "pip install ale-py==0.12.1",
+    "mujoco": "pip install mujoco==3.3.7 imageio==2.38.2",
+}
+
+
+def suite(env_id: str) -> str:
+    """"atari" for ALE ids, "mujoco" for gymnasium's MuJoCo tasks, else "gymnasium"."""
+    if env_id.startswith("ALE/"):
+        return "atari"
+    try:
+        entry = gym.spec(env_id).entry_point
+    except Exception:  # noqa: BLE001 - unknown ids are reported by check_env_id
+        return "gymnasium"
+    return "mujoco" if isinstance(entry, str) and ".mujoco" in entry else "gymnasium"
+
 
 def check_env_id(cfg: EnvConfig) -> None:
     """Raises ConfigError if ``cfg.id`` is unknown or its suite's package is missing."""
+    kind = suite(cfg.id)
+    if kind == "atari":
+        try:
+            import ale_py
+        except ImportError:
+            raise ConfigError(f"env.id: {cfg.id!r} is an Atari game and needs ale-py "
+                              f"({_INSTALL_HINT['atari']})") from None
+        gym.register_envs(ale_py)
     try:
-        gym.spec(cfg.id)
+        spec = gym.spec(cfg.id)
     except Exception as exc:  # gymnasium raises several NameNotFound/VersionNotFound types
         raise ConfigError(f"env.id: unknown environment {cfg.id!r} ({exc})") from None
+    if isinstance(spec.entry_point, str):
+        # importing the entry point imports the suite's package (mujoco, ...)
+        try:
+            gym.envs.registration.load_env_creator(spec.entry_point)
+        except (ImportError, gym.error.DependencyNotInstalled) as exc:
+            hint = _INSTALL_HINT.get(kind, "install the package it names")
+            raise ConfigError(f"env.id: {cfg.id!r} needs a package that is not installed "
+                              f"({exc}; {hint})") from None
 
 
 def make_env(cfg: EnvConfig, seed: int | None = None, *, training: bool = True) -> gym.Env:
-    """Builds one (unstacked) environment; ``training`` toggles training-only wrappers."""
+    """Builds one (unstacked) environment; ``training`` toggles training-only wrappers
+    (Atari: life-loss terminals and reward clipping, per ``cfg.atari_*``)."""
     check_env_id(cfg)
-    kwargs = {}
-    if cfg.max_episode_steps:
-        kwargs["max_episode_steps"] = cfg.max_episode_steps
-    env = gym.make(cfg.id, **kwargs)
+    if suite(cfg.id) == "atari":
+        from amprl.envs.atari import make_atari
+        env = make_atari(cfg.id, noop_max=cfg.atari_noop_max, frame_skip=cfg.atari_frame_skip,
+                         screen_size=cfg.atari_screen_size,
+                         terminal_on_life_loss=training and cfg.atari_terminal_on_life_loss,
+                         clip_rewards=training and cfg.atari_clip_rewards,
+                         sticky_action_prob=cfg.atari_sticky_action_prob,
+                         max_episode_steps=cfg.max_episode_steps)
+    else:
+        kwargs = {}
+        if cfg.max_episode_steps:
+            kwargs["max_episode_steps"] = cfg.max_episode_steps
+        env = gym.make(cfg.id, **kwargs)
+        space = env.observation_space
+        if isinstance(space, gym.spaces.Box) and space.dtype == np.float64:
+            # MuJoCo observes float64; every service agrees on float32 frames (EnvSpec)
+            env = gym.wrappers.DtypeObservation(env, np.float32)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)

@@ -3,7 +3,6 @@ parameters an update trains. The loop in ``learner.py`` is the same for every al
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import torch
@@ -11,8 +10,8 @@ import torch
 from amprl.config import ExperimentConfig
 from amprl.rl import dqn, td3
 from amprl.rl.batch import Batch
+from amprl.rl.targets import TargetNetwork, hard_update
 from amprl.rl.models import TD3Model
-from amprl.rl.targets import TargetNetwork
 
 
 def _tensor(x: np.ndarray, device: torch.device, pin: bool) -> torch.Tensor:
@@ -32,8 +31,7 @@ class DQNAlgo:
         self.cfg = cfg.dqn
         self.model = model
         self.device = device
-        self.target = copy.deepcopy(model).requires_grad_(False)
-        self._synced_version = 0
+        self.target = TargetNetwork.for_dqn(model, cfg.dqn)
         self._names = [n for n, p in model.named_parameters() if p.requires_grad]
 
     def to_tensors(self, s, pin: bool = False) -> tuple[Batch, np.ndarray]:
@@ -53,12 +51,11 @@ class DQNAlgo:
     @torch.no_grad()
     def on_weights(self, version: int, initial: bool = False) -> None:
         """Called whenever the model replica received the weights of ``version``."""
-        if initial or (self.cfg.tau == 0 and version - self._synced_version >= self.cfg.target_update_period):
-            self.target.load_state_dict(self.model.state_dict())
-            self._synced_version = version
-        elif self.cfg.tau > 0:
-            for t, o in zip(self.target.parameters(), self.model.parameters()):
-                t.lerp_(o, self.cfg.tau)
+        if initial:
+            hard_update(self.target.module, self.model)
+            self.target.version = version
+        else:
+            self.target.maybe_update(self.model, version)
 
 
 class TD3Algo:
@@ -107,7 +104,7 @@ class TD3Algo:
         """Called whenever the model replica received the weights of ``version``."""
         clock = version // self.cfg.policy_delay
         if initial:
-            td3.hard_update(self.target.module, self.model)
+            hard_update(self.target.module, self.model)
             self.target.version = clock
         else:
             self.target.maybe_update(self.model, clock)

@@ -1,0 +1,52 @@
+"""The actor's TD3 path on real Pendulum envs (no services: replay and PS are not called)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from amprl.actor.actor import Actor
+from amprl.config import load_config
+from amprl.envs.factory import env_spec
+
+
+def make_actor(**overrides):
+    cfg = load_config(overrides=["algo=td3", "env.id=Pendulum-v1", "td3.hidden_sizes=[16, 16]",
+                                 "actor.envs_per_actor=4", "actor.chunk_transitions=8",
+                                 *[f"{k}={v}" for k, v in overrides.items()]])
+    return Actor(cfg, env_spec(cfg.env), "actor-test", replay=None, paramserver=None)
+
+
+def test_uniform_random_actions_during_the_first_random_steps():
+    actor = make_actor(**{"td3.random_steps": 100})
+    obs = np.zeros((4, 3), dtype=np.float32)
+    acts = np.concatenate([actor.act(obs) for _ in range(200)])
+    assert acts.dtype == np.float32 and acts.shape == (800, 1)
+    assert acts.min() >= -2 and acts.max() <= 2
+    assert acts.min() < -1.8 and acts.max() > 1.8  # the whole range, not policy + noise
+
+
+def test_policy_plus_gaussian_noise_clipped_to_the_bounds_afterwards():
+    actor = make_actor(**{"td3.random_steps": 0, "td3.exploration_noise": 0.1})
+    obs = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    with torch.no_grad():
+        greedy = actor.model.actor(torch.from_numpy(obs)).numpy()
+    acts = np.stack([actor.act(obs) for _ in range(500)])  # [500, 4, 1]
+    assert acts.dtype == np.float32 and acts.min() >= -2 and acts.max() <= 2
+    np.testing.assert_allclose(acts.mean(axis=0), greedy, atol=0.05)
+    np.testing.assert_allclose(acts.std(axis=0), 0.1 * 2.0, rtol=0.2)  # 0.1 half-ranges
+
+
+def test_chunks_carry_float_actions_and_critic_priorities():
+    actor = make_actor(**{"td3.random_steps": 8})
+    actor.run(threading.Event(), max_steps=4 * 10)
+    items = []
+    while not actor._outbox.empty():
+        items.append(actor._outbox.get_nowait())
+    assert items, "no chunk was built"
+    chunk, prios, _ = items[0]
+    assert chunk.actions.dtype == np.float32 and chunk.actions.shape == (8, 1)
+    assert prios.shape == (8,) and np.isfinite(prios).all() and (prios > 0).all()
+    assert actor.epsilon == actor.cfg.td3.exploration_noise

@@ -1,0 +1,80 @@
+"""The env factory: suites, specs, and clear errors before any process starts."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from amprl.config import EnvConfig, load_config
+from amprl.envs.factory import check_env_id, env_spec, make_env, suite
+from amprl.errors import ConfigError
+from amprl.rl.models import TD3Model, build_model
+
+
+def test_unknown_ids_are_config_errors_naming_the_id():
+    for env_id in ["NoSuchEnv-v9", "ALE/NoSuchGame-v5"]:
+        with pytest.raises(ConfigError, match=env_id.replace("/", ".")):
+            check_env_id(EnvConfig(id=env_id))
+
+
+def test_suites_are_told_apart():
+    assert suite("ALE/Pong-v5") == "atari"
+    assert suite("HalfCheetah-v5") == "mujoco"
+    assert suite("Pendulum-v1") == "gymnasium"
+
+
+def test_a_missing_atari_package_is_a_config_error_with_the_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ale_py", None)  # import ale_py -> ImportError
+    with pytest.raises(ConfigError, match="ale-py"):
+        check_env_id(EnvConfig(id="ALE/Pong-v5"))
+
+
+def test_a_missing_mujoco_package_is_a_config_error_with_the_install_hint(monkeypatch):
+    for name in [m for m in sys.modules if m.startswith("gymnasium.envs.mujoco")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mujoco", None)
+    with pytest.raises(ConfigError, match="mujoco"):
+        check_env_id(EnvConfig(id="HalfCheetah-v5"))
+
+
+def test_pendulum_spec_is_a_continuous_vector_env():
+    spec = env_spec(EnvConfig(id="Pendulum-v1"))
+    assert spec.frame_shape == (3,) and spec.frame_dtype == np.float32 and spec.frame_stack == 1
+    assert not spec.discrete and spec.action_dim == 1
+    assert spec.action_low == (-2.0,) and spec.action_high == (2.0,)
+
+
+@pytest.mark.parametrize("env_id, obs_dim, action_dim", [("HalfCheetah-v5", 17, 6), ("Ant-v5", 105, 8)])
+def test_mujoco_v5_tasks_build_with_their_td3_model(env_id, obs_dim, action_dim, tmp_path, monkeypatch):
+    pytest.importorskip("mujoco")
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes MUJOCO_LOG.TXT into the working directory
+    cfg = EnvConfig(id=env_id)
+    spec = env_spec(cfg)
+    assert spec.frame_shape == (obs_dim,) and spec.frame_dtype == np.float32
+    assert not spec.discrete and spec.action_dim == action_dim
+    assert spec.action_low == (-1.0,) * action_dim and spec.action_high == (1.0,) * action_dim
+    env = make_env(cfg, seed=0)
+    obs, _ = env.reset(seed=0)
+    obs2, reward, terminated, truncated, _ = env.step(np.zeros(action_dim, dtype=np.float32))
+    assert obs2.shape == (obs_dim,) and np.isfinite(reward)
+    assert obs.dtype == obs2.dtype == np.float32  # MuJoCo's float64, cast as the spec says
+    env.close()
+    model = build_model(load_config(None, ["algo=td3", f"env.id={env_id}"]), spec)
+    assert isinstance(model, TD3Model)
+
+
+@pytest.mark.parametrize("path", ["configs/pendulum-td3.yaml", "configs/halfcheetah-td3.yaml",
+                                  "configs/ant-td3.yaml", "configs/pong-apex.yaml",
+                                  "configs/breakout-apex.yaml"])
+def test_shipped_configs_load_and_name_a_buildable_env(path):
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[3]
+    cfg = load_config(root / path)
+    if "mujoco" == suite(cfg.env.id):
+        pytest.importorskip("mujoco")
+    check_env_id(cfg.env)
+    spec = env_spec(cfg.env)
+    build_model(cfg, spec)
+    assert spec.discrete == (cfg.algo == "dqn")
