@@ -44,6 +44,9 @@ def start_service(name: str, module: str, args: list[str], log_dir: Path, env: d
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    # Every service sets its own torch thread count; keep NumPy/OpenMP pools from spinning
+    # up one thread per core in each of the ~7 processes sharing the machine.
+    full_env.setdefault("OMP_NUM_THREADS", "1")
     log = open(log_path, "ab")
     proc = subprocess.Popen([sys.executable, "-m", module, *args, "--port-file", str(port_file)],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -50,6 +50,9 @@ def checkpoint_dir(cfg: ExperimentConfig, run_dir: str) -> Path:
 def main(argv: list[str] | None = None,
          model_factory: Callable[[ExperimentConfig], nn.Module] | None = None) -> int:
     """Entry point. ``model_factory`` replaces ``build_model`` (tests use tiny models)."""
+    # One thread: Adam on a model this size is memory-bound, and idle OpenMP workers
+    # spin-waiting cost more CPU than the step itself on a shared 2-core box.
+    torch.set_num_threads(1)
     parser = cli.base_parser("amprl paramserver", __doc__.splitlines()[0])
     env = os.environ.get
     parser.add_argument("--pull-port", type=int, default=int(env("AMPRL_PULL_PORT") or -1),
