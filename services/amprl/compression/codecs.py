@@ -269,8 +269,9 @@ class ErrorFeedback:
     process. That is deliberate. A residual is less than one step's worth of gradient
     (bounded as above), it refers to weights the parameter server has since moved past, and
     persisting it would tie learner checkpoints to server versions for no measurable gain:
-    losing it drops under one step of error, once. Likewise ``reset()`` (e.g. after the
-    learner re-syncs from a rejected stale push) simply forgets it.
+    losing it drops under one step of error, once. A learner that re-syncs (a stale or lost
+    push) keeps its residuals: they are still the error of what it sent; ``reset()`` exists
+    for callers that want to forget them.
     """
 
     def __init__(self, encoding: str = "onebit", block_size: int = DEFAULT_BLOCK_SIZE,

@@ -359,7 +359,7 @@ class Learner:
         return self.update(batch)
 
     def update(self, item) -> bool:
-        """One update on ``item`` = (Batch, keys); False never (True = a batch was consumed)."""
+        """One update on ``item`` = (Batch, keys); returns True (the batch was consumed)."""
         batch, keys = item
         names = self.algo.trainable_names(self.stats.updates)
         self.model.zero_grad(set_to_none=True)
