@@ -43,7 +43,7 @@ from amprl.learner.learner import Learner
 from amprl.netsim.netns import read_line
 from amprl.paramserver.client import ParameterClient
 from amprl.replay.client import ReplayClient
-from amprl.wire.transitions import Chunk
+from amprl.replay.testing import fill_replay
 
 ROOT = Path(__file__).resolve().parents[1]
 RTTS_MS = (0, 100, 300)
@@ -78,18 +78,6 @@ def stop_relay(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
-
-
-def fill_replay(client: ReplayClient, spec, n: int, rng: np.random.Generator) -> None:
-    T = 500
-    items = []
-    for _ in range(n // T):
-        frames = rng.standard_normal((T + 3, *spec.frame_shape)).astype(np.float32)
-        idx = np.arange(T, dtype=np.int32)[:, None]
-        chunk = Chunk(frames, idx, idx + 3, rng.integers(spec.num_actions, size=T).astype(np.int64),
-                      rng.standard_normal(T).astype(np.float32), np.full(T, 0.97, np.float32))
-        items.append((chunk, rng.random(T).astype(np.float32) + 0.1, T))
-    client.insert("bench-filler", items, timeout=60)
 
 
 def measure(cfg, spec, replay_addr: str, ps_port: int, info: ParameterClient, rtt_ms: float,

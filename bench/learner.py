@@ -34,8 +34,8 @@ from amprl.learner.algos import make_algo
 from amprl.learner.learner import Learner
 from amprl.paramserver.client import ParameterClient
 from amprl.replay.client import ReplayClient
+from amprl.replay.testing import fill_replay
 from amprl.rl.models import build_model
-from amprl.wire.transitions import Chunk
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,18 +43,6 @@ CASES = {
     "cartpole": ["learner.batch_size=128", "network.hidden_sizes=[128, 128]"],
     "mlp256": ["learner.batch_size=256", "network.hidden_sizes=[256, 256]"],
 }
-
-
-def fill_replay(client: ReplayClient, spec, n: int, rng: np.random.Generator) -> None:
-    T = 500
-    items = []
-    for _ in range(n // T):
-        frames = rng.standard_normal((T + 3, *spec.frame_shape)).astype(np.float32)
-        idx = np.arange(T, dtype=np.int32)[:, None]
-        chunk = Chunk(frames, idx, idx + 3, rng.integers(spec.num_actions, size=T).astype(np.int64),
-                      rng.standard_normal(T).astype(np.float32), np.full(T, 0.97, np.float32))
-        items.append((chunk, rng.random(T).astype(np.float32) + 0.1, T))
-    client.insert("bench-filler", items, timeout=60)
 
 
 def plain_loop(cfg, spec, sampled, seconds: float) -> float:

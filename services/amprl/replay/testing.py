@@ -34,3 +34,17 @@ def make_chunk(spec: EnvSpec, t: int, *, n_step: int = 3, seed: int = 0, reward_
     return Chunk(frames, obs, obs + n_step, actions,
                  (reward_base + np.arange(t)).astype(np.float32),
                  np.full(t, 0.97, np.float32))
+
+
+def fill_replay(client, spec: EnvSpec, n: int, rng: np.random.Generator, *, chunk: int = 500,
+                actor_id: str = "bench-filler") -> None:
+    """Inserts ``n`` random vector-observation transitions (3-step, discount 0.97) in chunks
+    of ``chunk``: a table for learner benchmarks to sample from."""
+    items = []
+    for _ in range(n // chunk):
+        frames = rng.standard_normal((chunk + 3, *spec.frame_shape)).astype(np.float32)
+        idx = np.arange(chunk, dtype=np.int32)[:, None]
+        c = Chunk(frames, idx, idx + 3, rng.integers(spec.num_actions, size=chunk).astype(np.int64),
+                  rng.standard_normal(chunk).astype(np.float32), np.full(chunk, 0.97, np.float32))
+        items.append((c, rng.random(chunk).astype(np.float32) + 0.1, chunk))
+    client.insert(actor_id, items, timeout=60)
