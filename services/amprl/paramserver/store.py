@@ -97,8 +97,10 @@ class ParameterStore:
             name: nn.Parameter(t.detach().to(self.device, torch.float32).clone())
             for name, t in params.items()}
         self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
+        # foreach: one fused multi-tensor step instead of a Python loop over parameters
+        # (torch only defaults to it on CUDA); about halves the CPU cost of a push here.
         self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr, betas=betas,
-                                          eps=adam_eps)
+                                          eps=adam_eps, foreach=True)
         self.max_staleness = int(max_staleness)
         self.staleness_scaling = bool(staleness_scaling)
         self.live_window_s = float(live_window_s)
