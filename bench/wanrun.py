@@ -28,7 +28,7 @@ from pathlib import Path
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
 from amprl.launch.procs import start_service, stop_services, wait_for_port
-from amprl.launch.run import Progress
+from amprl.launch.run import Progress, evaluate_final_policy
 from amprl.v1 import telemetry_pb2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -111,15 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - a dead learner has no Info; reported as failure
             pass
         if failure is None and reason != "target reached":
-            stop_services([s for s in services if s.name.startswith("actor")] + [learner])
-            progress.poll()
-            final_version = progress.version
-            deadline = time.monotonic() + cfg.evaluator.interval_s + 120
-            while time.monotonic() < deadline and evaluator.alive():
-                progress.poll()
-                if progress.evaluations and progress.evaluations[-1].param_version >= final_version:
-                    break
-                time.sleep(0.25)
+            evaluate_final_policy(services, learner, evaluator, progress, cfg.evaluator.interval_s)
         wall = time.monotonic() - t0
         progress.poll()
         evals = progress.evaluations

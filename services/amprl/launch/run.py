@@ -113,6 +113,21 @@ class Progress:
             ch.close()
 
 
+def evaluate_final_policy(services: list[Service], learner: Service, evaluator: Service,
+                          progress: Progress, eval_interval_s: float) -> None:
+    """Freezes the weights (actors first: with the learner gone, a rate-limited insert would
+    wait out its deadline), then waits until the evaluator has evaluated the final version."""
+    stop_services([s for s in services if s.name.startswith("actor")] + [learner])
+    progress.poll()
+    final_version = progress.version
+    deadline = time.monotonic() + eval_interval_s + 120
+    while time.monotonic() < deadline and evaluator.alive():
+        progress.poll()
+        if progress.evaluations and progress.evaluations[-1].param_version >= final_version:
+            break
+        time.sleep(0.25)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s run %(levelname)s: %(message)s")
@@ -211,17 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
         print(f"amprl run: stopping ({reason})", flush=True)
         if failure is None and reason in ("step budget reached", "wall-clock limit reached"):
-            # Freeze the weights, then make sure the final policy itself is evaluated.
-            # actors first: with the learner gone, a rate-limited insert would wait out its deadline
-            stop_services([s for s in services if s.name.startswith("actor")] + [learner])
-            progress.poll()
-            final_version = progress.version
-            deadline = time.monotonic() + cfg.evaluator.interval_s + 120
-            while time.monotonic() < deadline and evaluator.alive():
-                progress.poll()
-                if progress.evaluations and progress.evaluations[-1].param_version >= final_version:
-                    break
-                time.sleep(0.25)
+            evaluate_final_policy(services, learner, evaluator, progress, cfg.evaluator.interval_s)
         wall = time.monotonic() - t0
         progress.poll()
         evals = progress.evaluations
