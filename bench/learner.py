@@ -83,6 +83,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
+    p.add_argument("--precisions", default="fp32,bf16")
     args = p.parse_args()
     torch.set_num_threads(1)
     results: dict = {"seconds_per_measurement": args.seconds, "repeats": args.repeats,
@@ -91,8 +93,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="amprl-bench-learner-") as tmp:
         tmp = Path(tmp)
         with EmbeddedRedis(tmp / "redis") as redis:
-            for case, overrides in CASES.items():
-                for precision in ("fp32", "bf16"):
+            for case in args.cases.split(","):
+                overrides = CASES[case]
+                for precision in args.precisions.split(","):
                     cfg = load_config(ROOT / "configs/cartpole-dqn.yaml", overrides + [
                         f"learner.precision={precision}", "replay.samples_per_insert=0",
                         "replay.min_size_to_sample=1000", "paramserver.checkpoint_interval_s=0"])
@@ -121,9 +124,10 @@ def main() -> int:
                     results[f"{key}_updates_per_s"] = round(statistics.median(ours), 1)
                     results[f"{key}_plain_torch_updates_per_s"] = round(statistics.median(plain), 1)
                     results[f"{key}_updates_ratio_vs_plain"] = round(statistics.median(ours) / statistics.median(plain), 3)
-    results["updates_per_s"] = results["mlp256_fp32_updates_per_s"]
-    results["plain_torch_updates_per_s"] = results["mlp256_fp32_plain_torch_updates_per_s"]
-    results["updates_ratio_vs_plain"] = results["mlp256_fp32_updates_ratio_vs_plain"]
+    if "mlp256_fp32_updates_per_s" in results:  # the headline figures: the larger update
+        results["updates_per_s"] = results["mlp256_fp32_updates_per_s"]
+        results["plain_torch_updates_per_s"] = results["mlp256_fp32_plain_torch_updates_per_s"]
+        results["updates_ratio_vs_plain"] = results["mlp256_fp32_updates_ratio_vs_plain"]
     print(json.dumps(results))
     return 0
 

@@ -146,6 +146,9 @@ class LearnerConfig:
     (1 = after every push; larger values trade staleness for fewer weight transfers)."""
     sample_batches_per_call: int = 1
     """Batches drawn per Sample RPC (split on the learner; amortises the call's cost)."""
+    priority_flush_s: float = 0.02
+    """New priorities are sent to replay at most this often, all batches' since the last
+    send in one UpdatePriorities call (amortises the call's cost; 0 = send as they come)."""
     grad_encoding: Literal["fp32", "bf16", "fp16", "onebit"] = "fp32"
     """Encoding of pushed gradients."""
     onebit_block_size: int = 2048
@@ -273,6 +276,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "learner.push_timeout_s": (lambda v: v > 0, "must be > 0"),
     "learner.pull_lag_versions": (lambda v: v >= 1, "must be >= 1"),
     "learner.sample_batches_per_call": (lambda v: v >= 1, "must be >= 1"),
+    "learner.priority_flush_s": (lambda v: 0 <= v <= 5, "must be in [0, 5] seconds"),
     "learner.onebit_block_size": (lambda v: v >= 1, "must be >= 1"),
     "paramserver.lr": (lambda v: v > 0, "must be > 0"),
     "paramserver.max_staleness": (lambda v: v >= 0, "must be >= 0"),

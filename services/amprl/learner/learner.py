@@ -180,11 +180,15 @@ class Learner:
             per_call = self.lcfg.sample_batches_per_call
 
     def _priority_loop(self) -> None:
+        last_sent = 0.0
         while not self._stop.is_set() or not self._priorities.empty():
             try:
                 items = [self._priorities.get(timeout=0.2)]
             except queue.Empty:
                 continue
+            # at most one call per priority_flush_s: the batches trained meanwhile join it
+            self._stop.wait(max(0.0, last_sent + self.lcfg.priority_flush_s - time.monotonic()))
+            last_sent = time.monotonic()
             while True:  # everything queued meanwhile goes in the same call
                 try:
                     items.append(self._priorities.get_nowait())

@@ -12,8 +12,10 @@ Every key starts with a prefix (``amprl:replay:<table>``, written ``{p}`` below)
                               frames: the chunk's F frames, each encoded on its own (lz4
                               block or raw bytes) and concatenated; meta holds the offsets.
     {p}:priorities    string  capacity x 4 bytes: the priority p_i of slot i as a big-endian
-                              float32, so one BITFIELD SET u32 #slot ... command rewrites a
-                              batch of scattered slots.
+                              float32. A batch of scattered slots is rewritten by one small
+                              Lua script (_SET_PRIORITIES) that takes the (slot, value) pairs
+                              as a single packed argument, so the client does O(1) work per
+                              batch instead of encoding a command argument per slot.
 
 A transition's key is a monotonically increasing int64; its slot is key % capacity. The live
 keys are exactly [oldest_key, next_key) and the live chunks [oldest_chunk, next_chunk), so
@@ -105,6 +107,17 @@ class ChunkMeta:
         return cls(cid, first, fbase, obs, nxt, actions, rewards, discounts, offsets)
 
 
+_SET_PRIORITIES = """
+local blob = ARGV[1]
+for i = 1, #blob, 8 do
+  local slot = struct.unpack('>I4', blob, i)
+  redis.call('SETRANGE', KEYS[1], slot * 4, string.sub(blob, i + 4, i + 7))
+end
+return #blob / 8
+"""
+"""Writes big-endian (u32 slot, f32 priority) pairs packed in ARGV[1] into KEYS[1]."""
+
+
 def _unavailable(exc: Exception) -> Unavailable:
     return Unavailable(f"redis: {type(exc).__name__}: {exc}")
 
@@ -118,6 +131,7 @@ class ReplayStorage:
         self._counters = f"{prefix}:counters"
         self._priorities = f"{prefix}:priorities"
         self._layout = f"{prefix}:layout"
+        self._set_priorities = client.register_script(_SET_PRIORITIES)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "amprl:replay:default") -> "ReplayStorage":
@@ -152,15 +166,14 @@ class ReplayStorage:
 
     def write_priorities(self, slots: np.ndarray, priorities: np.ndarray,
                          counters: dict[str, int]) -> None:
-        """Sets scattered slots' priorities with one BITFIELD command, plus the counters."""
-        bits = np.asarray(priorities, dtype=">f4").view(">u4").astype(np.int64)
-        args: list = []
-        for slot, value in zip(np.asarray(slots).tolist(), bits.tolist()):
-            args += ("SET", "u32", f"#{slot}", value)
+        """Sets scattered slots' priorities (one script call), plus the counters."""
+        pairs = np.empty(len(slots), dtype=[("slot", ">u4"), ("value", ">f4")])
+        pairs["slot"] = slots
+        pairs["value"] = priorities
         try:
             pipe = self.redis.pipeline(transaction=True)
-            if args:
-                pipe.execute_command("BITFIELD", self._priorities, *args)
+            if len(pairs):
+                self._set_priorities(keys=[self._priorities], args=[pairs.tobytes()], client=pipe)
             pipe.hset(self._counters, mapping=counters)
             pipe.execute()
         except redis.RedisError as exc:

@@ -1,0 +1,31 @@
+"""ReplayStorage's priority writes against a real redis-server."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from amprl.replay.storage import ReplayStorage
+
+
+def test_scattered_priority_writes_land_in_their_slots_and_nowhere_else(embedded_redis):
+    storage = ReplayStorage.from_url(embedded_redis.url, prefix="amprl:replay:t")
+    try:
+        capacity = 5000
+        base = np.linspace(0.5, 2.0, capacity, dtype=np.float32)
+        storage.write_chunk(b"m", 0, b"f", [(0, base)], {"next_key": capacity}, [])
+        rng = np.random.default_rng(0)
+        slots = rng.choice(capacity, 700, replace=False).astype(np.int64)
+        slots[-1] = capacity - 1  # the last byte of the string
+        values = rng.uniform(1e-6, 1e3, len(slots)).astype(np.float32)
+        storage.write_priorities(slots, values, {"priority_updates_total": 1})
+        expected = base.copy()
+        expected[slots] = values
+        np.testing.assert_array_equal(storage.load_priorities(capacity), expected)  # bit-exact
+        assert storage.load_counters()["priority_updates_total"] == 1
+        # a slot repeated in one batch ends with its last value, as a replay table applies it
+        storage.write_priorities(np.array([7, 7]), np.array([3.0, 4.0], np.float32), {"priority_updates_total": 2})
+        assert storage.load_priorities(capacity)[7] == 4.0
+        storage.write_priorities(np.array([], np.int64), np.array([], np.float32), {"priority_updates_total": 3})
+        assert storage.load_priorities(capacity)[7] == 4.0
+    finally:
+        storage.close()
