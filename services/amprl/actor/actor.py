@@ -1,9 +1,16 @@
 """The actor loop: step a batch of envs with one batched forward pass per step, explore
 (DQN: ε-greedy, Ape-X ε from a hash of the actor's identity; TD3: Gaussian noise on the
 deterministic policy, uniform random actions for the first ``td3.random_steps``), build
-n-step transitions, score their initial priorities with the actor's own network copy
-(DQN: |δ| of double DQN; TD3: |Q1 - y| of its own critic, no smoothing noise) and stream
-them to replay.
+n-step transitions, score their initial priorities with the actor's own network copy and
+stream them to replay.
+
+Initial priorities (Ape-X, Horgan et al. 2018) come from values the actor has anyway. DQN:
+|R + γ^K max_a Q(s_{t+K}, a) - Q(s_t, a_t)| (double DQN with the actor's one network as
+online and target) from the Q-values of the acting passes at s_t and s_{t+K}, which the
+n-step chunker carries (``NStepChunker.step_scored``); only a truncated episode's final
+observation, never acted on, costs a forward pass of its own. TD3: |Q1 - y| of its own
+critic over the chunk, no smoothing noise. DQN actors of a bf16 run act in bf16 where the
+CPU computes it natively (``policy.acting_dtype``).
 
 Neither sending nor weight refreshes block the env loop: chunks go through a bounded queue
 to a sender thread (so a rate-limited replay slows the actor down instead of flooding
@@ -25,7 +32,7 @@ import torch
 from amprl import errors
 from amprl.actor.exploration import apex_epsilon, derive_seed, gaussian_exploration, seed_everything
 from amprl.actor.nstep import NStepChunker
-from amprl.actor.policy import q_values
+from amprl.actor.policy import ActingPolicy, ActingQNetwork, acting_dtype
 from amprl.config import ExperimentConfig
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
@@ -34,6 +41,9 @@ from amprl.rl.batch import Batch
 from amprl.rl.models import build_model
 
 log = logging.getLogger(__name__)
+
+_SEND_LINGER_S = 0.02
+"""How long the sender waits for more chunks to share an Insert call (adds <= 20 ms of latency)."""
 
 
 @dataclass
@@ -66,7 +76,10 @@ class Actor:
             self._high = np.asarray(spec.action_high, dtype=np.float32)
         self.model = build_model(cfg, spec).eval()
         self._params = dict(self.model.named_parameters())
+        self.q_net = ActingQNetwork(self.model, acting_dtype(cfg)) if self.discrete else None
+        self.policy = None if self.discrete else ActingPolicy(self.model)
         self.version = 0
+        self._synced = False  # holds the server's weights (of self.version), not the seeded init
         self.stats = ActorStats()
         self.returns: collections.deque = collections.deque(maxlen=20)
         self._ep_return = np.zeros(n)
@@ -86,7 +99,11 @@ class Actor:
     def _load(self, version: int, weights: dict) -> None:
         for name, value in weights.items():
             self._params[name].copy_(value)
+        for acting in (self.q_net, self.policy):
+            if acting is not None:
+                acting.sync()
         self.version = version
+        self._synced = True
 
     def _pull_loop(self) -> None:
         while not self._stop.is_set():
@@ -95,6 +112,11 @@ class Actor:
             self._want_pull.clear()
             try:
                 have = self._pending[0] if self._pending else self.version
+                if have == 0 and self._synced and self.ps.info(timeout=30.0).version == 0:
+                    # The server reads have_version 0 as "none" and would resend the initial
+                    # weights we hold (13 MB for the Nature CNN) on every refresh until the
+                    # learner's first update.
+                    continue
                 version, weights = self.ps.pull(have_version=have, encoding="fp32", timeout=30.0)
             except errors.AmprlError as exc:
                 log.warning("weight pull failed: %s", exc)
@@ -107,7 +129,7 @@ class Actor:
     def _swap_weights(self) -> None:
         with self._pending_lock:
             pending, self._pending = self._pending, None
-        if pending is not None and pending[0] > self.version:
+        if pending is not None and (pending[0] > self.version or not self._synced):
             self._load(*pending)
 
     # -- sending ---------------------------------------------------------------------------
@@ -118,10 +140,13 @@ class Actor:
                 first = self._outbox.get(timeout=0.2)
             except queue.Empty:
                 continue
+            # Up to 16 chunks per Insert call, lingering up to _SEND_LINGER_S for them: each
+            # call costs the actor's core a gRPC stream and a request-iterator thread.
             items = [first]
-            while len(items) < 16:
+            linger_until = time.monotonic() + _SEND_LINGER_S
+            while len(items) < 16 and not self._stop.is_set():
                 try:
-                    items.append(self._outbox.get_nowait())
+                    items.append(self._outbox.get(timeout=max(0.0, linger_until - time.monotonic())))
                 except queue.Empty:
                     break
             while True:
@@ -141,9 +166,11 @@ class Actor:
                     log.error("insert rejected: %s", exc)
                     break
 
-    def _enqueue(self, chunks) -> None:
-        for chunk in chunks:
-            prios = self.initial_priorities(chunk)
+    def _enqueue(self, scored) -> None:
+        """Queues ``(chunk, |δ|)`` pairs for the sender, with priorities |δ| + ε."""
+        eps = np.float32(self.cfg.replay.priority_epsilon)
+        for chunk, td_abs in scored:
+            prios = td_abs + eps
             env_steps, self._steps_since_send = self._steps_since_send, 0
             item = (chunk, prios, env_steps)
             while not (self._stop.is_set() or self._run_stop.is_set()):
@@ -154,35 +181,10 @@ class Actor:
                     continue
 
     @torch.inference_mode()
-    def initial_priorities(self, chunk) -> np.ndarray:
-        """Ape-X: |δ| of each transition under the actor's own network, + ε."""
-        if self.discrete:
-            td = self._dqn_td_abs(chunk)
-        else:
-            batch = Batch.from_chunk(chunk, frame_stack=self.spec.frame_stack)
-            td = td3.td3_td_abs(self.model, self.model, batch, noise=0.0)
-        return td.numpy().astype(np.float32) + np.float32(self.cfg.replay.priority_epsilon)
-
-    def _dqn_td_abs(self, chunk) -> torch.Tensor:
-        """|R + D max_a Q(s', a) - Q(s, a)| with the actor's network as online and target
-        (``dqn.dqn_td_abs(model, model, ...)``), from ONE forward pass over the chunk's
-        distinct observations: the next observation of one transition is the observation
-        of another, so scoring [obs; next_obs] would run the network twice per transition.
-        """
-        rows = len(chunk.rewards)
-        if self.spec.frame_stack == 1:
-            obs, obs_i, next_i = chunk.frames, chunk.obs_idx[:, 0], chunk.next_obs_idx[:, 0]
-        else:  # distinct stacks (rows of frame indices)
-            stacks, inv = np.unique(np.concatenate((chunk.obs_idx, chunk.next_obs_idx)), axis=0,
-                                    return_inverse=True)
-            inv = inv.reshape(-1)
-            obs, obs_i, next_i = chunk.frames[stacks], inv[:rows], inv[rows:]
-        q = self.model(torch.from_numpy(np.ascontiguousarray(obs))).float()
-        obs_i, next_i = torch.from_numpy(obs_i), torch.from_numpy(next_i)
-        q_sa = q[obs_i, torch.from_numpy(np.asarray(chunk.actions, dtype=np.int64))]
-        y = (torch.from_numpy(chunk.rewards) + torch.from_numpy(chunk.discounts)
-             * q[next_i].max(dim=1).values)
-        return (q_sa - y).abs()
+    def _td3_td_abs(self, chunk) -> np.ndarray:
+        """|Q1(s, a) - y| of each transition under the actor's own TD3 networks."""
+        batch = Batch.from_chunk(chunk, frame_stack=self.spec.frame_stack)
+        return td3.td3_td_abs(self.model, self.model, batch, noise=0.0).numpy().astype(np.float32)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -203,7 +205,11 @@ class Actor:
             t.join(timeout=5.0)
 
     def run(self, stop: threading.Event, max_steps: int | None = None) -> None:
+        """Steps the envs until ``stop`` is set (or ``max_steps`` env steps in all)."""
         self._run_stop = stop
+        # torch's (OpenMP) thread count is per OS thread: a thread that never set it runs
+        # every op on a team of one thread per core, which spins against the env loop.
+        torch.set_num_threads(self.cfg.actor.torch_threads)
         n = len(self.envs)
         first = []
         for i, env in enumerate(self.envs):
@@ -212,31 +218,45 @@ class Actor:
             first.append(frame)
         self.chunker.reset(np.stack(first))
         envs = self.envs
+        rows = np.arange(n)
         refresh = self.cfg.actor.weight_refresh_steps
         next_refresh = refresh
         while not stop.is_set() and (max_steps is None or self.stats.env_steps < max_steps):
             self._swap_weights()
-            actions = self.act(self.chunker.observations())
-            # Per env step only env.step itself runs in Python: Python ints for discrete
-            # actions (gymnasium's Discrete.contains is slow on NumPy scalars), results
-            # gathered into arrays once per batched step.
-            results = [env.step(a) for env, a in
-                       zip(envs, actions.tolist() if self.discrete else actions)]
+            obs = self.chunker.observations()
+            if self.discrete:
+                q = self.q_net(obs)
+                actions = self._explore(q.argmax(axis=1))
+                # Python ints: gymnasium's Discrete.contains is slow on NumPy scalars
+                env_actions = actions.tolist()
+            else:
+                actions = env_actions = self._act_continuous(obs)
+            # Per env step only env.step itself runs in Python; results are gathered into
+            # arrays once per batched step.
+            results = [env.step(a) for env, a in zip(envs, env_actions)]
             frames, rews, terms, truncs, _ = zip(*results)
-            next_frames = np.stack(frames)
+            next_frames = np.array(frames)
             rewards = np.array(rews, dtype=np.float64)
             terminated = np.array(terms, dtype=bool)
             truncated = np.array(truncs, dtype=bool)
             ended = terminated | truncated
+            any_ended = bool(ended.any())
             reset_frames = None
-            if ended.any():
+            if any_ended:
                 reset_frames = np.empty_like(next_frames)
                 for i in np.flatnonzero(ended):
                     reset_frames[i], _ = envs[i].reset()
-            ready = self.chunker.step(actions, rewards, terminated, truncated, next_frames,
-                                      reset_frames)
+            if self.discrete:
+                ready = self.chunker.step_scored(
+                    actions, rewards, terminated, truncated, next_frames, reset_frames,
+                    q_taken=q[rows, actions], values=q.max(axis=1),
+                    final_values=self._final_values(next_frames, terminated, truncated)
+                    if any_ended else None)
+            else:
+                ready = [(c, self._td3_td_abs(c)) for c in self.chunker.step(
+                    actions, rewards, terminated, truncated, next_frames, reset_frames)]
             self._ep_return += rewards
-            if ended.any():
+            if any_ended:
                 for i in np.flatnonzero(ended):
                     self.returns.append(self._ep_return[i])
                     self._ep_return[i] = 0.0
@@ -249,24 +269,37 @@ class Actor:
                 next_refresh += refresh
                 self._want_pull.set()
 
+    def _final_values(self, next_frames, terminated, truncated) -> np.ndarray | None:
+        """max_a Q of the final observations of the episodes truncated by this step (the
+        bootstrap of their last transitions), or None when none was."""
+        cut = truncated & ~terminated
+        if not cut.any():
+            return None
+        values = np.zeros(len(cut), dtype=np.float32)
+        values[cut] = self.q_net(self.chunker.final_observations(next_frames, cut)).max(axis=1)
+        return values
+
     def act(self, obs: np.ndarray) -> np.ndarray:
         """ε-greedy over one batched forward pass of the actor's network (DQN), or the
         deterministic policy plus Gaussian noise, clipped to the bounds (TD3)."""
         if not self.discrete:
             return self._act_continuous(obs)
-        actions = q_values(self.model, obs).argmax(dim=1).numpy()
-        explore = self.rng.random(len(actions)) < self.current_epsilons()
-        if explore.any():
-            actions = np.where(explore, self.rng.integers(self.spec.num_actions, size=len(actions)), actions)
-        return actions
+        return self._explore(self.q_net(obs).argmax(axis=1))
 
-    @torch.inference_mode()
+    def _explore(self, greedy: np.ndarray) -> np.ndarray:
+        """Each env's greedy action, replaced by a uniform random one with its ε."""
+        u = self.rng.random((2, len(greedy)))  # one draw for both: a draw costs ~1 us per call
+        explore = u[0] < self.current_epsilons()
+        if explore.any():
+            return np.where(explore, (u[1] * self.spec.num_actions).astype(np.int64), greedy)
+        return greedy
+
     def _act_continuous(self, obs: np.ndarray) -> np.ndarray:
         n = obs.shape[0]
         if self.stats.env_steps < self.cfg.td3.random_steps:
             # uniform exploration before the policy means anything (Fujimoto et al.: 25k/1k)
             return self.rng.uniform(self._low, self._high, size=(n, len(self._low))).astype(np.float32)
-        actions = self.model.actor(torch.from_numpy(np.ascontiguousarray(obs))).numpy()
+        actions = self.policy(obs)
         return gaussian_exploration(actions, self.cfg.td3.exploration_noise, self._low, self._high,
                                     self.rng)
 

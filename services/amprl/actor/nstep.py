@@ -24,6 +24,15 @@ AutoresetMode.SAME_STEP)`` use ``same_step_frames``; with a plain list of envs, 
 ended ones yourself and pass their first frames as ``reset_frames``. (gymnasium's default
 NEXT_STEP mode spends one extra step per episode on the reset and is not accepted.)
 
+Ape-X actors score each transition's initial priority with the Q-values they acted on
+(``step_scored``): the chunker carries Q(s_t, a_t) of each step through the n-step window and
+the bootstrap value V(s_{t+n}) from the acting pass at s_{t+n}, and hands out each chunk with
+
+    td_abs = |reward + discount * V(next_obs) - Q(obs, action)|
+
+so no network runs over the chunk again. A truncated episode's final observation is never
+acted on; the caller scores it separately (``final_observations``).
+
 Cost: a step is a fixed handful of NumPy calls over the env batch, whatever its size
 (~15 us on this machine; a step where episodes end adds ~20 us, one gather over the
 (env, window) pairs); a chunk adds a mark-and-count over the frame log (~30 us). Batch
@@ -87,9 +96,11 @@ class NStepChunker:
                 for m in range(k + 1):
                     self._ret_weights[s, (s - k + m) % n, k] = self._gpow[m]
         self._env_range = np.arange(self.num_envs, dtype=np.int64)
+        self._all = slice(None)  # _push: every env
         self._k_short = np.arange(n - 1, dtype=np.int64)
         self._k_full = np.full(self.num_envs, n - 1, dtype=np.int64)
         self._started = False
+        self._scored: bool | None = None  # step (False) or step_scored (True), fixed by the first call
         self.env_steps = 0
         """Env steps fed so far (num_envs per call of ``step``)."""
         self.transitions_emitted = 0
@@ -108,7 +119,9 @@ class NStepChunker:
         """Starts an episode in every env from its first frame ``[N, *frame_shape]``.
 
         Call once before the first ``step``. Calling it again abandons the unfinished
-        n-step windows (completed transitions are kept for the next chunk).
+        n-step windows (completed transitions are kept for the next chunk; with
+        ``step_scored``, those completed by the last step are dropped too: they bootstrap from
+        observations that will never be acted on).
         """
         frames = np.asarray(frames)
         if frames.shape[0] != self.num_envs:
@@ -117,6 +130,8 @@ class NStepChunker:
             self._allocate(frames)
         elif frames.shape[1:] != self.frame_shape:
             raise ValueError(f"frames: frame shape {frames.shape[1:]}, expected {self.frame_shape}")
+        elif self._scored:
+            self._o_count = self._o_scored
         ids = self._append(frames)
         self._stack = np.repeat(ids[:, None], self.frame_stack, axis=1)
         self._r_obs[:] = self._stack[:, None, :]
@@ -142,10 +157,77 @@ class NStepChunker:
         ``reset_frames`` [N, *frame_shape] or None: for envs whose episode ended, the first
         frame of the next episode (other rows are ignored); needed when any env ended.
         """
+        self._set_mode(scored=False)
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool)
+        self._record(actions, rewards, terminated, truncated, terminated | truncated, next_frames,
+                     reset_frames)
+        out = []
+        while self._o_count >= self.chunk_transitions:
+            out.append(self._make_chunk(self.chunk_transitions))
+        return out
+
+    def step_scored(self, actions, rewards, terminated, truncated, next_frames, reset_frames=None,
+                    *, q_taken, values, final_values=None) -> list[tuple[Chunk, np.ndarray]]:
+        """``step`` for an actor that scores transitions with the Q-values it acted on:
+        returns ``(chunk, td_abs)`` pairs, ``td_abs`` float32 [T] (see the module doc).
+
+        ``q_taken`` [N]: Q(s_t, a) of the action each env was given; ``values`` [N]: the
+        bootstrap value V(s_t) of the observations acted on (max_a Q(s_t, a): with one
+        network as online and target, also the double-DQN value); both from the acting pass
+        over ``observations()``. ``final_values`` [N] or None: for envs TRUNCATED by this
+        step, V of their final observation (``final_observations``), other rows ignored;
+        needed when any env was truncated without terminating (a termination bootstraps
+        with discount 0).
+
+        Transitions completed by this step bootstrap from the observations the NEXT call
+        acts on, so they are scored, and their chunk handed out, one call later than
+        ``step`` would hand it out. Use ``step`` or ``step_scored`` for a chunker's lifetime.
+        """
+        self._set_mode(scored=True)
         self._require_started()
+        # The transitions completed by the previous call bootstrap from the observations
+        # acted on now: their values arrive with this call.
+        c0, c = self._o_scored, self._o_count
+        if c > c0:
+            wait = self._o_wait[c0:c]
+            rows = np.flatnonzero(wait >= 0)
+            self._o_v[c0 + rows] = np.asarray(values, dtype=np.float32)[wait[rows]]
+        self._o_scored = c
+        out = []
+        while self._o_scored >= self.chunk_transitions:
+            out.append(self._make_scored_chunk(self.chunk_transitions))
         terminated = np.asarray(terminated, dtype=bool)
         truncated = np.asarray(truncated, dtype=bool)
         done = terminated | truncated
+        self._step_q = np.asarray(q_taken, dtype=np.float32)
+        if done.any():
+            self._step_wait = np.where(done, -1, self._env_range)
+            cut = truncated & ~terminated
+            if cut.any() and final_values is None:
+                raise ValueError("final_values is required when an episode was truncated "
+                                 f"(envs {np.flatnonzero(cut).tolist()})")
+            self._step_v = (np.where(cut, np.asarray(final_values, dtype=np.float32), 0.0)
+                            .astype(np.float32) if cut.any() else self._zeros_v)
+        else:
+            self._step_wait = self._env_range
+            self._step_v = self._zeros_v
+        self._record(actions, rewards, terminated, truncated, done, next_frames, reset_frames)
+        return out
+
+    def final_observations(self, next_frames: np.ndarray, rows) -> np.ndarray:
+        """The observations ``[len(rows), *obs_shape]`` that end the episodes of envs ``rows``
+        (their stacks with the final frames of ``next_frames`` pushed in), for scoring
+        truncations with ``step_scored``. Call before ``step_scored`` records the step."""
+        self._require_started()
+        final = np.asarray(next_frames)[rows]
+        if self.frame_stack == 1:
+            return final
+        return np.concatenate((self._log[self._stack[rows, 1:] - self._base], final[:, None]), axis=1)
+
+    def _record(self, actions, rewards, terminated, truncated, done, next_frames,
+                reset_frames) -> None:
+        self._require_started()
         any_done = bool(done.any())
         if any_done and reset_frames is None:
             raise ValueError("reset_frames is required when an episode ended "
@@ -158,6 +240,8 @@ class NStepChunker:
         self._r_obs[:, s] = self._stack
         self._r_act[:, s] = actions
         self._r_rew[:, s] = rewards
+        if self._scored:
+            self._r_q[:, s] = self._step_q
         ids = self._append(next_frames)
         if self.frame_stack == 1:
             next_stack = ids[:, None]
@@ -171,13 +255,12 @@ class NStepChunker:
             if oldest >= self._latest_start:
                 # Common case: every env completes a full window; all rows at once.
                 ret = self._r_rew @ self._slot_weights[s]
-                self._push(self._r_obs[:, o], self._r_act[:, o], ret, self._gpow[n], next_stack)
+                self._push(self._all, o, ret, self._gpow[n], next_stack)
             elif oldest >= 0:
-                rows = self._ep_start <= oldest
-                if rows.any():
+                rows = np.flatnonzero(self._ep_start <= oldest)
+                if rows.shape[0]:
                     ret = self._r_rew[rows] @ self._slot_weights[s]
-                    self._push(self._r_obs[rows, o], self._r_act[rows, o], ret, self._gpow[n],
-                               next_stack[rows])
+                    self._push(rows, o, ret, self._gpow[n], next_stack[rows])
         else:
             # Windows ending now: the full one (n steps, starting at t-n+1) of every env and,
             # for ended envs, the shorter ones (k+1 steps starting at t-k, k < n-1). One
@@ -192,9 +275,8 @@ class NStepChunker:
             e, k = e[valid], k[valid]
             if e.shape[0]:
                 g = self._r_rew @ self._ret_weights[s]  # [N, n]: g[:, k] spans steps t-k..t
-                sl = (t - k) % n
                 disc = np.where(terminated[e], 0.0, self._gpow[k + 1])
-                self._push(self._r_obs[e, sl], self._r_act[e, sl], g[e, k], disc, next_stack[e])
+                self._push(e, (t - k) % n, g[e, k], disc, next_stack[e])
             rid = self._append(np.asarray(reset_frames)[ended])
             next_stack[ended] = rid[:, None]
             self._ep_start[ended] = t + 1
@@ -202,7 +284,6 @@ class NStepChunker:
         self._stack = next_stack
         self._t = t + 1
         self.env_steps += N
-        return self._take_chunks()
 
     def flush(self, truncate_pending: bool = False) -> Chunk | None:
         """The completed transitions not yet in a chunk, as one (shorter) chunk, or None.
@@ -210,7 +291,10 @@ class NStepChunker:
         ``truncate_pending`` also closes every unfinished window as a truncation (K < n
         steps, bootstrapping from the current observation with gamma^K), e.g. when the actor
         stops; later steps then start new windows from the current state.
+        Not for ``step_scored``: the last step's transitions await values no call brings.
         """
+        if self._scored:
+            raise RuntimeError("flush: a chunker fed by step_scored hands out scored chunks only")
         if truncate_pending and self._started and self._r_act is not None:
             t_last = self._t - 1
             first = max(self._t - self.n_step + 1, 0)
@@ -235,6 +319,12 @@ class NStepChunker:
         if not self._started:
             raise RuntimeError("NStepChunker.reset(frames) must be called before step()")
 
+    def _set_mode(self, scored: bool) -> None:
+        if self._scored is None:
+            self._scored = scored
+        elif self._scored != scored:
+            raise RuntimeError("NStepChunker: step and step_scored cannot be mixed on one chunker")
+
     def _allocate(self, frames: np.ndarray) -> None:
         N, n, S, T = self.num_envs, self.n_step, self.frame_stack, self.chunk_transitions
         self.frame_shape = tuple(frames.shape[1:])
@@ -252,6 +342,9 @@ class NStepChunker:
         self._r_obs = np.zeros((N, n, S), dtype=np.int64)
         self._r_rew = np.zeros((N, n), dtype=np.float64)
         self._r_act: np.ndarray | None = None
+        self._r_q = np.zeros((N, n), dtype=np.float32)  # step_scored: Q(s_t, a_t)
+        self._r_obs_flat = self._r_obs.reshape(N * n, S)  # views, row = env * n + slot
+        self._r_q_flat = self._r_q.reshape(N * n)
         ocap = T + N * n  # at most N * n transitions per step
         self._o_obs = np.zeros((ocap, S), dtype=np.int64)
         self._o_next = np.zeros((ocap, S), dtype=np.int64)
@@ -259,12 +352,23 @@ class NStepChunker:
         self._o_disc = np.zeros(ocap, dtype=np.float64)
         self._o_act: np.ndarray | None = None
         self._o_count = 0
+        # step_scored: Q(obs, action), V(next_obs), and the env whose next acting pass brings
+        # V(next_obs) (-1: known already); transitions before _o_scored have their V.
+        self._o_q = np.zeros(ocap, dtype=np.float32)
+        self._o_v = np.zeros(ocap, dtype=np.float32)
+        self._o_wait = np.full(ocap, -1, dtype=np.int64)
+        self._o_scored = 0
+        self._zeros_v = np.zeros(N, dtype=np.float32)
+        self._step_q = self._zeros_v
+        self._step_v = self._zeros_v
+        self._step_wait = np.full(N, -1, dtype=np.int64)
 
     def _allocate_actions(self, actions) -> None:
         a = np.asarray(actions)
         dtype = np.int64 if a.dtype.kind in "iub" else np.float32
         shape = tuple(a.shape[1:])
         self._r_act = np.zeros((self.num_envs, self.n_step, *shape), dtype=dtype)
+        self._r_act_flat = self._r_act.reshape(self.num_envs * self.n_step, *shape)
         self._o_act = np.zeros((self._o_obs.shape[0], *shape), dtype=dtype)
 
     def _append(self, frames: np.ndarray) -> np.ndarray:
@@ -299,14 +403,27 @@ class NStepChunker:
         self._base += keep_from
         self._len = keep
 
-    def _push(self, obs_ids, acts, rets, disc, next_ids) -> None:
+    def _push(self, envs, slots, rets, disc, next_ids) -> None:
+        """Completes the transitions of ``envs`` (indices, or ``_all``) that start in ring
+        ``slots`` (one slot, or one per env)."""
         c = self._o_count
-        k = obs_ids.shape[0]
-        self._o_obs[c:c + k] = obs_ids
-        self._o_act[c:c + k] = acts
+        k = rets.shape[0]
+        if envs is not self._all:
+            # one flat gather per ring: cheaper than indexing with two arrays
+            slots = envs * self.n_step + slots
+            rings = (self._r_obs_flat, self._r_act_flat, self._r_q_flat)
+        else:
+            rings = (self._r_obs, self._r_act, self._r_q)
+            slots = (self._all, slots)
+        self._o_obs[c:c + k] = rings[0][slots]
+        self._o_act[c:c + k] = rings[1][slots]
         self._o_rew[c:c + k] = rets
         self._o_disc[c:c + k] = disc
         self._o_next[c:c + k] = next_ids
+        if self._scored:
+            self._o_q[c:c + k] = rings[2][slots]
+            self._o_v[c:c + k] = self._step_v[envs]
+            self._o_wait[c:c + k] = self._step_wait[envs]
         self._o_count = c + k
 
     def _flush_env(self, i: int, t: int, terminated: bool, next_ids: np.ndarray,
@@ -327,16 +444,8 @@ class NStepChunker:
             disc = np.zeros(len(slots))
         else:
             disc = self._gpow[t + 1 - np.arange(start, t + 1)]
-        self._push(self._r_obs[i, slots], self._r_act[i, slots], rets, disc,
+        self._push(np.full(len(slots), i), np.asarray(slots), rets, disc,
                    np.broadcast_to(next_ids, (len(slots), self.frame_stack)))
-
-    def _take_chunks(self) -> list[Chunk]:
-        if self._o_count < self.chunk_transitions:
-            return []
-        out = []
-        while self._o_count >= self.chunk_transitions:
-            out.append(self._make_chunk(self.chunk_transitions))
-        return out
 
     def _make_chunk(self, T: int) -> Chunk:
         S = self.frame_stack
@@ -358,11 +467,19 @@ class NStepChunker:
         )
         rest = self._o_count - T
         if rest:
-            for a in (self._o_obs, self._o_next, self._o_act, self._o_rew, self._o_disc):
+            for a in (self._o_obs, self._o_next, self._o_act, self._o_rew, self._o_disc,
+                      self._o_q, self._o_v, self._o_wait):
                 a[:rest] = a[T:T + rest]
         self._o_count = rest
+        self._o_scored = max(self._o_scored - T, 0)
         self.transitions_emitted += T
         return chunk
+
+    def _make_scored_chunk(self, T: int) -> tuple[Chunk, np.ndarray]:
+        # float32, as the learner computes its TD errors from the chunk's float32 fields
+        td = np.abs(self._o_rew[:T].astype(np.float32) + self._o_disc[:T].astype(np.float32)
+                    * self._o_v[:T] - self._o_q[:T])
+        return self._make_chunk(T), td
 
 
 def same_step_frames(obs: np.ndarray, terminated, truncated, info: dict

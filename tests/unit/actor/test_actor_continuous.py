@@ -50,3 +50,15 @@ def test_chunks_carry_float_actions_and_critic_priorities():
     assert chunk.actions.dtype == np.float32 and chunk.actions.shape == (8, 1)
     assert prios.shape == (8,) and np.isfinite(prios).all() and (prios > 0).all()
     assert actor.epsilon == actor.cfg.td3.exploration_noise
+
+
+def test_acting_policy_equals_the_models_actor_after_weight_changes():
+    actor = make_actor(**{"td3.random_steps": 0})
+    obs = np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
+    with torch.no_grad():
+        for p in actor.model.actor.parameters():
+            p.mul_(-1.5)
+    actor.policy.sync()
+    with torch.no_grad():
+        want = actor.model.actor(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(actor.policy(obs), want, rtol=1e-5, atol=1e-6)

@@ -1,8 +1,10 @@
-"""The actor's Ape-X initial priorities: one forward pass over distinct observations gives
-exactly |δ| of double DQN with the actor's network as online and target."""
+"""The actor's Ape-X initial priorities: |δ| of double DQN with the actor's network as online
+and target, from the Q-values of its acting passes, checked against a direct forward pass of
+the network over each chunk's transitions."""
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import numpy as np
@@ -10,10 +12,12 @@ import pytest
 import torch
 
 from amprl.actor.actor import Actor
+from amprl.actor.policy import ActingQNetwork, native_bf16
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
 from amprl.rl import dqn
 from amprl.rl.batch import Batch
+from amprl.rl.models import build_model
 
 
 def chunks_of(actor: Actor, env_steps: int):
@@ -25,18 +29,66 @@ def chunks_of(actor: Actor, env_steps: int):
     return items
 
 
+def reference_td_abs(model, chunk, spec) -> np.ndarray:
+    batch = Batch.from_chunk(chunk, frame_stack=spec.frame_stack)
+    with torch.no_grad():
+        return dqn.dqn_td_abs(model, model, batch, double=True).float().numpy()
+
+
 @pytest.mark.parametrize("overrides", [
-    ["env.id=CartPole-v1", "env.max_episode_steps=20"],  # vectors, episode ends inside chunks
+    ["env.id=CartPole-v1", "env.max_episode_steps=20"],  # vectors, truncations inside chunks
+    ["env.id=CartPole-v1", "env.max_episode_steps=20", "network.dueling=false", "env.frame_stack=2"],
     ["env.id=ALE/Pong-v5", "env.frame_stack=4", "env.max_episode_steps=30", "actor.envs_per_actor=2"],
 ])
 def test_priorities_equal_double_dqn_td_error_of_the_actors_network(overrides):
     if "ALE" in overrides[0]:
         pytest.importorskip("ale_py")
-    cfg = load_config(overrides=["algo=dqn", "actor.chunk_transitions=32", "dqn.n_step=3", *overrides])
+    cfg = load_config(overrides=["algo=dqn", "actor.chunk_transitions=32", "dqn.n_step=3",
+                                 "learner.precision=fp32", *overrides])
     spec = env_spec(cfg.env)
     actor = Actor(cfg, spec, "actor-prio", replay=None, paramserver=None)
-    for chunk, prios, _ in chunks_of(actor, 60 * cfg.actor.envs_per_actor)[:3]:
-        batch = Batch.from_chunk(chunk, frame_stack=spec.frame_stack)
-        with torch.no_grad():
-            expected = dqn.dqn_td_abs(actor.model, actor.model, batch, double=True).numpy()
+    items = chunks_of(actor, 60 * cfg.actor.envs_per_actor)
+    assert any((c.discounts > 0).any() and (c.discounts < cfg.gamma ** 3).any() for c, _, _ in items) \
+        or "ALE" in overrides[0]  # CartPole: truncated windows bootstrap from final observations
+    for chunk, prios, _ in items[:4]:
+        expected = reference_td_abs(actor.model, chunk, spec)
         np.testing.assert_allclose(prios, expected + cfg.replay.priority_epsilon, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bf16")
+def test_bf16_runs_act_and_score_with_a_bf16_copy_close_to_fp32():
+    pytest.importorskip("ale_py")
+    cfg = load_config(overrides=["algo=dqn", "actor.chunk_transitions=32", "dqn.n_step=3",
+                                 "learner.precision=bf16", "env.id=ALE/Pong-v5", "env.frame_stack=4",
+                                 "env.max_episode_steps=30", "actor.envs_per_actor=2"])
+    spec = env_spec(cfg.env)
+    actor = Actor(cfg, spec, "actor-prio", replay=None, paramserver=None)
+    assert actor.q_net.dtype == torch.bfloat16
+    items = chunks_of(actor, 60 * cfg.actor.envs_per_actor)
+    bf16 = copy.deepcopy(actor.model).to(torch.bfloat16)
+    for chunk, prios, _ in items[:3]:
+        td = prios - cfg.replay.priority_epsilon
+        batch = Batch.from_chunk(chunk, frame_stack=spec.frame_stack)
+        with torch.no_grad():  # an independent bf16 forward pass (frames scaled in fp32)
+            q = lambda x: bf16(x.float().div(255).to(torch.bfloat16)).float()  # noqa: E731
+            q_sa = q(batch.obs).gather(1, batch.actions.reshape(-1, 1)).squeeze(1)
+            want = (q_sa - batch.rewards - batch.discounts * q(batch.next_obs).max(dim=1).values).abs()
+            q_scale = float(q(batch.obs).abs().max())
+        np.testing.assert_allclose(td, want.numpy(), atol=0.01 * q_scale)
+        np.testing.assert_allclose(td, reference_td_abs(actor.model, chunk, spec), atol=0.02 * q_scale)
+
+
+@pytest.mark.parametrize("overrides", [[], ["network.dueling=false"], ["env.frame_stack=3"]])
+def test_acting_q_network_equals_the_models_forward_after_weight_changes(overrides):
+    cfg = load_config(overrides=["algo=dqn", "env.id=CartPole-v1", *overrides])
+    spec = env_spec(cfg.env)
+    model = build_model(cfg, spec).eval()
+    acting = ActingQNetwork(model)
+    obs = np.random.default_rng(0).standard_normal((5, *spec.obs_shape)).astype(np.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-1.5)
+    acting.sync()
+    with torch.no_grad():
+        want = model(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(acting(obs), want, rtol=1e-5, atol=1e-6)

@@ -317,3 +317,67 @@ def test_from_config_reads_the_algorithm_settings():
     cfg = load_config(overrides=["dqn.n_step=5", "env.frame_stack=2", "actor.chunk_transitions=9"])
     ch = NStepChunker.from_config(cfg, num_envs=3)
     assert (ch.num_envs, ch.n_step, ch.gamma, ch.frame_stack, ch.chunk_transitions) == (3, 5, 0.99, 2, 9)
+
+
+# ---------------------------------------------------------------- scoring with acting Q-values
+
+def qfun(obs: np.ndarray) -> np.ndarray:
+    """A made-up Q(s, ·) over 4 actions, a deterministic function of each observation."""
+    x = obs.reshape(obs.shape[0], -1).astype(np.float64).sum(axis=1)
+    return np.sin(0.37 * x[:, None] + np.arange(4)).astype(np.float32)
+
+
+@pytest.mark.parametrize("num_envs,n,stack,chunk", [(1, 1, 1, 1), (3, 3, 1, 7), (4, 3, 4, 16), (5, 2, 2, 9)])
+def test_step_scored_gives_step_chunks_with_td_errors_of_the_acting_values(num_envs, n, stack, chunk):
+    """The chunks of step_scored are those of step (one call later), scored with
+    |R + D max_a Q(next_obs, a) - Q(obs, a)| of the Q-values the caller acted on."""
+    gamma, rng = 0.9, np.random.default_rng(n * 10 + stack)
+    plain, scored = (NStepChunker(num_envs, n, gamma, stack, chunk) for _ in range(2))
+    first = np.stack([frame(i, 0, 0) for i in range(num_envs)])
+    plain.reset(first)
+    scored.reset(first)
+    ep, t_in_ep = np.zeros(num_envs, int), np.zeros(num_envs, int)
+    got_plain, got_scored = [], []
+    for _ in range(300):
+        obs = scored.observations()
+        np.testing.assert_array_equal(obs, plain.observations())
+        q = qfun(obs)
+        acts = rng.integers(0, 4, num_envs)
+        rews = rng.normal(size=num_envs).round(2)
+        term = rng.random(num_envs) < 0.05
+        trunc = ~term & (rng.random(num_envs) < 0.05)
+        t_in_ep += 1
+        nxt = np.stack([frame(i, ep[i], t_in_ep[i]) for i in range(num_envs)])
+        ep[term | trunc] += 1
+        t_in_ep[term | trunc] = 0
+        rst = np.stack([frame(i, ep[i], 0) for i in range(num_envs)])
+        final = None
+        if trunc.any():
+            final = np.full(num_envs, np.nan, np.float32)  # rows not truncated are ignored
+            final[trunc] = qfun(scored.final_observations(nxt, trunc)).max(axis=1)
+        got_plain += plain.step(acts, rews, term, trunc, nxt, rst)
+        got_scored += scored.step_scored(acts, rews, term, trunc, nxt, rst,
+                                         q_taken=q[np.arange(num_envs), acts], values=q.max(axis=1),
+                                         final_values=final)
+    assert len(got_scored) >= max(1, len(got_plain) - 1)
+    for (c, td), p in zip(got_scored, got_plain):
+        for name in ("frames", "obs_idx", "next_obs_idx", "actions", "rewards", "discounts"):
+            np.testing.assert_array_equal(getattr(c, name), getattr(p, name), err_msg=name)
+        obs, nxt = stacked(c.frames, c.obs_idx), stacked(c.frames, c.next_obs_idx)
+        want = np.abs(c.rewards + c.discounts * qfun(nxt).max(axis=1)
+                      - qfun(obs)[np.arange(len(c)), c.actions])
+        assert td.dtype == np.float32 and td.shape == (len(c),)
+        np.testing.assert_allclose(td, want, rtol=1e-5, atol=1e-6)
+
+
+def test_step_scored_requires_final_values_for_truncations_and_no_mixing():
+    ch = NStepChunker(2, 1, 0.9, 1, 4)
+    ch.reset(np.zeros((2, 3), np.float32))
+    z = np.zeros(2, np.float32)
+    with pytest.raises(ValueError, match="final_values"):
+        ch.step_scored([0, 0], [0.0, 0.0], [False, False], [True, False], np.ones((2, 3), np.float32),
+                       np.ones((2, 3), np.float32), q_taken=z, values=z)
+    with pytest.raises(RuntimeError, match="mixed"):
+        ch.step([0, 0], [0.0, 0.0], [False, False], [False, False], np.ones((2, 3), np.float32))
+    with pytest.raises(RuntimeError, match="scored"):
+        ch.flush()

@@ -1,0 +1,81 @@
+"""The actor's weight refreshes against a parameter server stub (no services)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import torch
+
+from amprl.actor.actor import Actor
+from amprl.config import load_config
+from amprl.envs.factory import env_spec
+from amprl.rl.models import build_model
+
+
+class StubParameterServer:
+    """Serves fixed weights at ``version``; counts pulls that returned weights."""
+
+    def __init__(self, weights: dict, version: int = 0):
+        self.weights, self.version, self.pulls_with_weights = weights, version, 0
+
+    def info(self, timeout=None):
+        return types.SimpleNamespace(version=self.version)
+
+    def pull(self, have_version=0, encoding="fp32", timeout=None):
+        if have_version == self.version and self.version != 0:  # the server's rule: 0 = "none"
+            return self.version, None
+        self.pulls_with_weights += 1
+        return self.version, {k: v.clone() for k, v in self.weights.items()}
+
+
+def make_actor(ps):
+    cfg = load_config(overrides=["algo=dqn", "env.id=CartPole-v1", "actor.envs_per_actor=2"])
+    return Actor(cfg, env_spec(cfg.env), "actor-w", replay=None, paramserver=ps)
+
+
+def served_weights():
+    cfg = load_config(overrides=["algo=dqn", "env.id=CartPole-v1"])
+    torch.manual_seed(123)
+    return {k: v.detach().clone() for k, v in build_model(cfg, env_spec(cfg.env)).named_parameters()}
+
+
+def request_pull_and_wait(actor):
+    actor._want_pull.set()
+    deadline = time.monotonic() + 5
+    while actor._want_pull.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+
+
+def test_version_zero_weights_are_pulled_once_not_on_every_refresh():
+    ps = StubParameterServer(served_weights(), version=0)
+    actor = make_actor(ps)
+    actor.start()
+    try:
+        for _ in range(3):
+            request_pull_and_wait(actor)
+        assert ps.pulls_with_weights == 1
+        ps.version = 7  # the learner's first update: the next refresh pulls it
+        request_pull_and_wait(actor)
+        actor._swap_weights()
+        assert ps.pulls_with_weights == 2 and actor.version == 7
+    finally:
+        actor.stop()
+
+
+def test_version_zero_weights_replace_the_seeded_init_after_a_failed_first_pull():
+    weights = served_weights()
+    ps = StubParameterServer(weights, version=0)
+    actor = make_actor(ps)  # start() not called: acting with the seeded initial weights
+    t = threading.Thread(target=actor._pull_loop, daemon=True)
+    t.start()
+    try:
+        request_pull_and_wait(actor)
+        actor._swap_weights()
+        for name, value in actor.model.named_parameters():
+            torch.testing.assert_close(value.detach(), weights[name])
+    finally:
+        actor._stop.set()
+        t.join(timeout=2)
