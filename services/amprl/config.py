@@ -143,7 +143,11 @@ class LearnerConfig:
     past it is dropped (never resent) and frees its window slot."""
     pull_lag_versions: int = 1
     """Pull new weights once the server is this many versions ahead of the learner's replica
-    (1 = after every push; larger values trade staleness for fewer weight transfers)."""
+    (1 = after every push; larger values trade staleness for fewer weight transfers).
+    0 = synchronous: each update waits for its push's reply and pulls the weights it made
+    before the next update, so gradients are never stale (staleness 0) at the cost of a
+    push and a pull round trip per update -- for small models on a fast link, where stale
+    gradients, not round trips, limit learning (see ``amprl.learner.learner``)."""
     sample_batches_per_call: int = 1
     """Batches drawn per Sample RPC (split on the learner; amortises the call's cost)."""
     priority_flush_s: float = 0.02
@@ -169,6 +173,12 @@ class ParamServerConfig:
     """Adam learning rate."""
     adam_eps: float = 1e-8
     """Adam epsilon (Ape-X uses 1.5e-4 with a smaller lr on Atari)."""
+    lr_final: float = -1.0
+    """With ``lr_decay_versions`` > 0: the lr falls linearly from ``lr`` to this over the first
+    ``lr_decay_versions`` parameter versions, then stays (SB3's linear schedule, by optimizer
+    steps). Negative = no schedule (constant ``lr``)."""
+    lr_decay_versions: int = 0
+    """Versions (optimizer steps) over which the lr decays to ``lr_final``; 0 = constant lr."""
     max_staleness: int = 16
     """Gradients older than this many versions are rejected with FAILED_PRECONDITION."""
     staleness_scaling: bool = False
@@ -197,6 +207,13 @@ class ActorConfig:
     """Each actor's ε starts at 1 and falls linearly to its Ape-X value over this many of its env steps."""
     chunk_transitions: int = 64
     """Transitions per chunk sent to replay."""
+    max_unacked_transitions: int = 512
+    """Transitions built but not yet acknowledged by replay (queued for the sender or in an
+    Insert call) at most; beyond it the env loop waits. This is how replay's rate limiter
+    holds actors back, and it bounds the policy lag of the data: what replay receives is at
+    most this many of the actor's env steps old. A deep pipeline here (3,000 transitions
+    per actor) kept CartPole DQN from settling: the learner trained on data from a policy
+    ~20 s older than its own."""
     weight_refresh_steps: int = 400
     """Env steps between weight pulls (a watch notification also triggers one)."""
     torch_threads: int = 1
@@ -274,16 +291,19 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "learner.max_pushes_in_flight": (lambda v: v >= 0, "must be >= 0 (0 = auto)"),
     "learner.max_batches_per_push": (lambda v: v >= 1, "must be >= 1"),
     "learner.push_timeout_s": (lambda v: v > 0, "must be > 0"),
-    "learner.pull_lag_versions": (lambda v: v >= 1, "must be >= 1"),
+    "learner.pull_lag_versions": (lambda v: v >= 0, "must be >= 0 (0 = synchronous)"),
     "learner.sample_batches_per_call": (lambda v: v >= 1, "must be >= 1"),
     "learner.priority_flush_s": (lambda v: 0 <= v <= 5, "must be in [0, 5] seconds"),
     "learner.onebit_block_size": (lambda v: v >= 1, "must be >= 1"),
     "paramserver.lr": (lambda v: v > 0, "must be > 0"),
+    "paramserver.lr_final": (lambda v: v < 0 or v > 0, "must be > 0 (or negative: no schedule)"),
+    "paramserver.lr_decay_versions": (lambda v: v >= 0, "must be >= 0 (0 = constant lr)"),
     "paramserver.max_staleness": (lambda v: v >= 0, "must be >= 0"),
     "actor.num_actors": (lambda v: v >= 0, "must be >= 0"),
     "actor.envs_per_actor": (lambda v: v >= 1, "must be >= 1"),
     "actor.epsilon_base": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
     "actor.chunk_transitions": (lambda v: v >= 1, "must be >= 1"),
+    "actor.max_unacked_transitions": (lambda v: v >= 1, "must be >= 1"),
     "actor.epsilon_warmup_steps": (lambda v: v >= 0, "must be >= 0"),
     "dqn.gamma": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
     "dqn.n_step": (lambda v: v >= 1, "must be >= 1"),

@@ -84,7 +84,11 @@ class Actor:
         self.returns: collections.deque = collections.deque(maxlen=20)
         self._ep_return = np.zeros(n)
         self.chunker = NStepChunker(n, cfg.n_step, cfg.gamma, spec.frame_stack, cfg.actor.chunk_transitions)
-        self._outbox: queue.Queue = queue.Queue(maxsize=8)
+        # Chunks built but not yet acknowledged by replay (queued or in an Insert call), in
+        # transitions; the env loop waits while they exceed actor.max_unacked_transitions.
+        self._outbox: queue.Queue = queue.Queue()
+        self._unacked = 0
+        self._unacked_cv = threading.Condition()
         self._pending: tuple[int, dict] | None = None
         self._pending_lock = threading.Lock()
         self._want_pull = threading.Event()
@@ -149,22 +153,30 @@ class Actor:
                     items.append(self._outbox.get(timeout=max(0.0, linger_until - time.monotonic())))
                 except queue.Empty:
                     break
-            while True:
-                try:
-                    reply = self.replay.insert(self.actor_id, items, timeout=5.0)
-                    self.stats.transitions_sent += int(reply.transitions_stored)
-                    break
-                except errors.DeadlineExceeded:
-                    if self._stop.is_set():
-                        break  # rate-limited at shutdown: drop
-                except errors.Unavailable as exc:
-                    log.warning("replay unavailable: %s", exc)
-                    if self._stop.wait(1.0):
-                        break
-                except errors.AmprlError as exc:
-                    self.stats.insert_errors += 1
-                    log.error("insert rejected: %s", exc)
-                    break
+            try:
+                self._insert(items)
+            finally:
+                with self._unacked_cv:
+                    self._unacked -= sum(len(chunk.actions) for chunk, _, _ in items)
+                    self._unacked_cv.notify_all()
+
+    def _insert(self, items) -> None:
+        while True:
+            try:
+                reply = self.replay.insert(self.actor_id, items, timeout=5.0)
+                self.stats.transitions_sent += int(reply.transitions_stored)
+                return
+            except errors.DeadlineExceeded:
+                if self._stop.is_set():
+                    return  # rate-limited at shutdown: drop
+            except errors.Unavailable as exc:
+                log.warning("replay unavailable: %s", exc)
+                if self._stop.wait(1.0):
+                    return
+            except errors.AmprlError as exc:
+                self.stats.insert_errors += 1
+                log.error("insert rejected: %s", exc)
+                return
 
     def _enqueue(self, scored) -> None:
         """Queues ``(chunk, |δ|)`` pairs for the sender, with priorities |δ| + ε."""
@@ -173,12 +185,19 @@ class Actor:
             prios = td_abs + eps
             env_steps, self._steps_since_send = self._steps_since_send, 0
             item = (chunk, prios, env_steps)
-            while not (self._stop.is_set() or self._run_stop.is_set()):
-                try:
-                    self._outbox.put(item, timeout=0.5)
-                    break
-                except queue.Full:
-                    continue
+            size = len(chunk.actions)
+            limit = self.cfg.actor.max_unacked_transitions
+            with self._unacked_cv:
+                # Back-pressure from replay's rate limiter reaches the env loop here, so the
+                # data replay receives is never more than ``limit`` env steps old (a chunk
+                # larger than the limit goes alone).
+                while (self._unacked and self._unacked + size > limit
+                       and not (self._stop.is_set() or self._run_stop.is_set())):
+                    self._unacked_cv.wait(timeout=0.5)
+                if self._stop.is_set() or self._run_stop.is_set():
+                    return
+                self._unacked += size
+            self._outbox.put(item)
 
     @torch.inference_mode()
     def _td3_td_abs(self, chunk) -> np.ndarray:

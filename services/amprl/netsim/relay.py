@@ -145,9 +145,12 @@ class _Pipe:
         self.done = True
         dst = self.dst
         if dst is not None and not dst.is_closing():
-            if dst.can_write_eof():
-                dst.write_eof()
-            else:
+            try:
+                if dst.can_write_eof():
+                    dst.write_eof()
+                else:
+                    dst.close()
+            except OSError:  # the peer reset its side meanwhile: nothing left to half-close
                 dst.close()
         self.conn.maybe_finished()
 

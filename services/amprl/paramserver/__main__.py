@@ -103,7 +103,10 @@ def main(argv: list[str] | None = None,
     if ckpt:
         # After server.stop(): every accepted push is in, no new one can arrive.
         ckpt.save(store)
-    log.info("stopped at version %d", store.version)
+    c = store.counters
+    accepted = c.pushes_applied + c.pushes_scaled
+    log.info("stopped at version %d (pushes accepted %d, mean staleness %.2f, max %d)", store.version,
+             accepted, c.staleness_sum / max(1, accepted), c.max_staleness_accepted)
     return 0
 
 

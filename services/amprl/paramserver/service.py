@@ -271,6 +271,7 @@ def build_store(cfg: ExperimentConfig, model: nn.Module, *,
     ps = cfg.paramserver
     extra = {} if live_window_s is None else {"live_window_s": live_window_s}
     return ParameterStore.from_model(model, lr=ps.lr, adam_eps=ps.adam_eps,
+                                     lr_final=ps.lr_final, lr_decay_versions=ps.lr_decay_versions,
                                      max_staleness=ps.max_staleness,
                                      staleness_scaling=ps.staleness_scaling, **extra)
 

@@ -64,6 +64,8 @@ class Counters:
     pushes_rejected_stale: int = 0
     pushes_rejected_invalid: int = 0
     max_staleness_accepted: int = 0
+    staleness_sum: int = 0
+    """Sum of the staleness of accepted pushes (its mean is logged at shutdown)."""
     pulls_with_weights: int = 0
     pulls_unchanged: int = 0
     gradient_bytes_received: int = 0
@@ -85,7 +87,8 @@ class ParameterStore:
     """
 
     def __init__(self, params: Mapping[str, torch.Tensor], *, lr: float = 1e-3,
-                 adam_eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999),
+                 adam_eps: float = 1e-8, lr_final: float | None = None,
+                 lr_decay_versions: int = 0, betas: tuple[float, float] = (0.9, 0.999),
                  max_staleness: int = 16, staleness_scaling: bool = False,
                  live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu"):
         if not params:
@@ -101,6 +104,9 @@ class ParameterStore:
         # (torch only defaults to it on CUDA); about halves the CPU cost of a push here.
         self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr, betas=betas,
                                           eps=adam_eps, foreach=True)
+        self.lr = float(lr)
+        self.lr_final = None if lr_final is None or lr_final < 0 or lr_decay_versions <= 0 else float(lr_final)
+        self.lr_decay_versions = int(lr_decay_versions)
         self.max_staleness = int(max_staleness)
         self.staleness_scaling = bool(staleness_scaling)
         self.live_window_s = float(live_window_s)
@@ -177,6 +183,10 @@ class ParameterStore:
             for name, g in grads.items():
                 g = g.to(self.device, torch.float32)
                 self.params[name].grad = g * scale if scale != 1.0 else g.clone()
+            if self.lr_final is not None:
+                lr = self.lr_at(self.version)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.version += 1
@@ -185,11 +195,21 @@ class ParameterStore:
                 self.counters.pushes_scaled += 1
             else:
                 self.counters.pushes_applied += 1
+            self.counters.staleness_sum += staleness
             self.counters.max_staleness_accepted = max(self.counters.max_staleness_accepted,
                                                        staleness)
             self.counters.transitions_trained += int(batch_size)
             self.changed.notify_all()
             return ApplyResult(self.version, staleness, scale, scaled)
+
+    def lr_at(self, version: int) -> float:
+        """The learning rate of the step that makes ``version + 1``: ``lr`` falling linearly to
+        ``lr_final`` over ``lr_decay_versions`` versions, or ``lr`` without a schedule. A
+        function of the version, so a server resumed from a checkpoint continues the schedule."""
+        if self.lr_final is None:
+            return self.lr
+        frac = min(1.0, max(0, version) / self.lr_decay_versions)
+        return self.lr + (self.lr_final - self.lr) * frac
 
     def note_invalid_push(self) -> None:
         """Counts a push rejected as malformed before it reached ``apply``."""

@@ -11,7 +11,7 @@ Bounds (configs/cartpole-dqn-wan.yaml: max_staleness 32 -> a window of 16 pushes
   * a push round trip through the relay takes >= 300 ms (the delay is real);
   * versions advance at >= 5/s (training progresses) and at most window / RTT = 16 / 0.3
     ~ 53/s (+25% slack): the window, not the learner, is what bounds optimizer steps;
-  * the greedy policy learns: its eval return reaches 50 (untrained: ~9-10) within 150 s
+  * the greedy policy learns: its eval return reaches 50 (untrained: ~9-10) within 240 s
     of training. A low bar on purpose: on a shared 2-core machine the learner manages
     ~40-100 batches/s and 1-bit CartPole needs thousands of versions to solve, which
     takes minutes; ``bench/cartpole.py --config configs/cartpole-dqn-wan.yaml --rtt-ms 300``
@@ -48,7 +48,7 @@ with ParameterClient(sys.argv[1], client_id="probe") as c:
 @pytest.mark.timeout(290)
 def test_cartpole_learns_with_a_300ms_round_trip_to_the_parameter_server(netns_topology, tmp_path):
     cfg = load_config(ROOT / "configs/cartpole-dqn-wan.yaml", [
-        f"run.target_return={THRESHOLD}", "run.stop_at_target=true", "run.max_wall_seconds=150",
+        f"run.target_return={THRESHOLD}", "run.stop_at_target=true", "run.max_wall_seconds=240",
         "paramserver.checkpoint_interval_s=0"])
     dump_config(cfg, tmp_path / "config.yaml")
     window = cfg.learner.max_pushes_in_flight or cfg.paramserver.max_staleness // 2
@@ -66,7 +66,7 @@ def test_cartpole_learns_with_a_300ms_round_trip_to_the_parameter_server(netns_t
     driver = topo["learner"].exec([sys.executable, str(ROOT / "bench/wanrun.py"), str(tmp_path / "config.yaml"),
                                    "--run-dir", str(run_dir), "--paramserver", ps_addr,
                                    "--progress-interval", "10"], cwd=ROOT)
-    assert driver.wait(timeout=260) == 0, topo.read_log(driver)
+    assert driver.wait(timeout=360) == 0, topo.read_log(driver)
     summary = json.loads((run_dir / "summary.json").read_text())
     log = topo.read_log(driver)
     assert summary["best_eval_return"] >= THRESHOLD, log

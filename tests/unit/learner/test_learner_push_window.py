@@ -151,9 +151,33 @@ def test_a_failed_push_frees_its_slot_and_asks_for_a_resync():
     assert len(ps.pushes) == 2 and ps.pushes[1][2] == 8
 
 
+class ApplyingPS(FakePS):
+    """Replies to each push at once, as a server that applies it: new weights, version + 1."""
+
+    def push_future(self, base_version, msgs, batch_size=0, timeout=None):
+        fut = super().push_future(base_version, msgs, batch_size, timeout)
+        self.weights = {n: w - 0.01 * self.pushes[-1][1][n] for n, w in self.weights.items()}
+        self.reply(len(self.pushes) - 1)
+        return fut
+
+
+def test_pull_lag_0_trains_every_batch_on_the_weights_its_previous_push_made():
+    learner, _ = _learner("learner.pull_lag_versions=0", "learner.max_pushes_in_flight=1")
+    ps = ApplyingPS(learner.ps.weights, version=7)
+    learner.ps = ps
+    for i in range(3):
+        learner.update(_batch(learner, i))
+        assert learner.version == ps.version == 8 + i  # pulled before the next update
+        for n, p in learner.model.named_parameters():
+            torch.testing.assert_close(p.detach(), ps.weights[n])
+    assert [p[0] for p in ps.pushes] == [7, 8, 9]  # staleness 0 at the server
+    assert ps.pulls == [7, 8, 9] and not learner._want_pull.is_set()
+
+
 @pytest.mark.parametrize("override, key", [("learner.max_batches_per_push=0", "learner.max_batches_per_push"),
                                            ("learner.max_pushes_in_flight=-1", "learner.max_pushes_in_flight"),
-                                           ("learner.push_timeout_s=0", "learner.push_timeout_s")])
+                                           ("learner.push_timeout_s=0", "learner.push_timeout_s"),
+                                           ("learner.pull_lag_versions=-1", "learner.pull_lag_versions")])
 def test_window_settings_out_of_range_fail_at_load_naming_the_key(override, key):
     with pytest.raises(errors.ConfigError, match=key):
         load_config(None, [override])

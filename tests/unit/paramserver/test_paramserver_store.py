@@ -59,6 +59,28 @@ def test_apply_is_one_adam_step_and_advances_the_version():
     assert info["version"] == 3 and info["pushes_applied"] == 3 and info["transitions_trained"] == 96
 
 
+def test_linear_lr_schedule_matches_adam_with_the_same_per_step_lr_and_survives_a_restore():
+    model = tiny_model()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    store = ParameterStore.from_model(model, lr=1e-2, lr_final=1e-3, lr_decay_versions=4)
+    assert [store.lr_at(v) for v in (0, 2, 4, 9)] == pytest.approx([1e-2, 5.5e-3, 1e-3, 1e-3])
+    for step in range(6):
+        grads = grads_for(store, seed=step)
+        store.apply(step, grads)
+        opt.param_groups[0]["lr"] = 1e-2 + (1e-3 - 1e-2) * min(1.0, step / 4)
+        for n, p in ref.named_parameters():
+            p.grad = grads[n].clone()
+        opt.step()
+        if step == 2:  # a server restarted from a checkpoint continues the schedule
+            resumed = ParameterStore.from_model(tiny_model(), lr=1e-2, lr_final=1e-3, lr_decay_versions=4)
+            resumed.load_state_dict(store.state_dict())
+            store = resumed
+    for n, p in ref.named_parameters():
+        assert torch.allclose(weights(store)[n], p.detach(), atol=1e-7), n
+    assert ParameterStore.from_model(tiny_model(), lr=1e-2, lr_final=-1, lr_decay_versions=4).lr_at(9) == 1e-2
+
+
 def test_stale_gradient_within_the_bound_is_applied_as_sent():
     store = ParameterStore.from_model(tiny_model(), max_staleness=2)
     for v in range(3):
