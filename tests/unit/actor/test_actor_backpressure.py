@@ -1,0 +1,76 @@
+"""A replay that holds inserts back (its rate limiter) stops the actor's env loop within
+``actor.max_unacked_transitions``: data never queues up behind the limiter and goes stale."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+from amprl import errors
+from amprl.actor.actor import Actor
+from amprl.config import load_config
+from amprl.envs.factory import env_spec
+
+
+class NoWeightsServer:
+    """A parameter server that never has weights: the actor acts with its seeded init."""
+
+    def info(self, timeout=None):
+        return types.SimpleNamespace(version=0)
+
+    def pull(self, have_version=0, encoding="fp32", timeout=None):
+        raise errors.Unavailable("no parameter server in this test")
+
+
+class HeldReplay:
+    """Acknowledges an Insert only while ``open`` is set, like a rate-limited replay."""
+
+    def __init__(self):
+        self.open = threading.Event()
+        self.acknowledged = 0
+
+    def insert(self, actor_id, items, timeout=None):
+        if not self.open.wait(timeout=timeout):
+            raise errors.DeadlineExceeded("rate-limited")
+        n = sum(len(chunk.actions) for chunk, _, _ in items)
+        self.acknowledged += n
+        return types.SimpleNamespace(transitions_stored=n)
+
+
+def _wait_until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return cond()
+
+
+def test_a_held_replay_stops_the_env_loop_within_the_unacked_bound_and_releasing_it_resumes():
+    cfg = load_config(overrides=["algo=dqn", "env.id=CartPole-v1", "actor.envs_per_actor=2",
+                                 "actor.chunk_transitions=16", "actor.max_unacked_transitions=64",
+                                 "dqn.n_step=1"])
+    replay = HeldReplay()
+    actor = Actor(cfg, env_spec(cfg.env), "actor-bp", replay=replay,
+                  paramserver=NoWeightsServer())
+    actor.start()
+    stop = threading.Event()
+    loop = threading.Thread(target=actor.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        # held: the loop stalls once 64 transitions (4 chunks) await acknowledgement
+        assert _wait_until(lambda: actor._unacked >= 64)
+        time.sleep(0.5)
+        held_steps = actor.stats.env_steps
+        time.sleep(0.5)
+        assert actor.stats.env_steps == held_steps
+        # a chunk's worth of steps (plus the scoring step) may be built beyond the bound
+        assert held_steps <= 64 + 16 + 2 * 2
+        assert actor._unacked == 64 and replay.acknowledged == 0
+        replay.open.set()
+        assert _wait_until(lambda: actor.stats.env_steps > held_steps + 500)
+        assert replay.acknowledged > 500
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+        actor.stop()
+    assert not loop.is_alive()
