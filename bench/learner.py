@@ -46,7 +46,7 @@ CASES = {
 
 # The learner's throughput path: pushes overlapped with updates (a window of 2, pulls in the
 # background). cartpole-dqn.yaml itself runs synchronously (pull_lag_versions 0), which
-# trades ~30% of the update rate for fresh gradients; measure it with --set.
+# trades ~35% of the update rate for fresh gradients; measure it with --set.
 OVERLAPPED = ["learner.max_pushes_in_flight=2", "learner.pull_lag_versions=1"]
 
 
