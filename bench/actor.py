@@ -107,8 +107,7 @@ def bench_env(name: str, tmp: Path, redis_url: str, seconds: float, repeats: int
     # Throughput with the rate limiter off: up to 4 chunks in flight, so building the next
     # chunk overlaps inserting the last (a training run's bound is the config's, kept low
     # for fresh data; a single 1,024-transition chunk over a 256 bound serialises them).
-    cfg = load_config(ROOT / path, overrides + COMMON + [
-        f"actor.max_unacked_transitions={4 * cfg.actor.chunk_transitions}"])
+    cfg.actor.max_unacked_transitions = 4 * cfg.actor.chunk_transitions
     spec = env_spec(cfg.env)
     run_dir = tmp / name
     (run_dir / "logs").mkdir(parents=True)
