@@ -33,6 +33,8 @@ from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
 DEFAULT_TIMEOUT_S = 30.0
 """Deadline of a call when the caller gives none."""
+MAX_PUSHES_IN_FLIGHT = 32
+"""Push threads per client: pushes beyond this many in flight wait in its queue."""
 
 _RETRY_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.6)  # then give up (UNAVAILABLE -> Unavailable)
 
@@ -43,6 +45,15 @@ def _mapped(exc: grpc.RpcError) -> Exception:
     except Exception as mapped:  # noqa: BLE001 - we want the mapped exception object
         return mapped
     return exc  # pragma: no cover - raise_for_rpc_error always raises
+
+
+def reply_weights(reply, device: torch.device | str | None = None) -> dict[str, torch.Tensor] | None:
+    """The weights of ``reply.version`` that a ``return_weights`` push brought back, decoded
+    to fp32 on ``device``; None when the server sent none (too large for one message: pull)."""
+    weights = getattr(reply, "weights", None)
+    if not weights:
+        return None
+    return {msg.name: decode(msg, device=device) for msg in weights}
 
 
 class VersionWatch:
@@ -128,50 +139,56 @@ class ParameterClient:
         # No channel-level retry policy: it would apply to pushes too (see module docstring).
         self.channel = grpcutil.make_channel(address, max_message_bytes=max_message_bytes)
         self.stub = paramserver_pb2_grpc.ParameterServiceStub(self.channel)
+        self._push_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     # -- PushGradients -------------------------------------------------------------------
 
     def _push_request(self, base_version: int, grads: Sequence[tensor_pb2.CompressedTensor],
-                      batch_size: int) -> paramserver_pb2.PushGradientsRequest:
+                      batch_size: int, return_weights: bool) -> paramserver_pb2.PushGradientsRequest:
         return paramserver_pb2.PushGradientsRequest(learner_id=self.client_id,
                                                     base_version=base_version,
-                                                    gradients=grads, batch_size=batch_size)
+                                                    gradients=grads, batch_size=batch_size,
+                                                    return_weights=return_weights)
 
     def push(self, base_version: int, grads: Sequence[tensor_pb2.CompressedTensor],
-             batch_size: int = 0, timeout: float | None = None) -> paramserver_pb2.PushGradientsResponse:
-        """Pushes one gradient computed on ``base_version``; returns the server's reply.
+             batch_size: int = 0, timeout: float | None = None, *, return_weights: bool = False
+             ) -> paramserver_pb2.PushGradientsResponse:
+        """Pushes one gradient computed on ``base_version``; returns the server's reply
+        (with ``return_weights``, ``reply_weights(reply)`` gives the weights it made, if the
+        server sent them).
 
         Raises FailedPrecondition (``.current_version``) when it is too stale,
         InvalidArgument when malformed (nothing was applied in either case).
         """
         try:
-            return self.stub.PushGradients(self._push_request(base_version, grads, batch_size),
+            return self.stub.PushGradients(self._push_request(base_version, grads, batch_size,
+                                                              return_weights),
                                            timeout=timeout or self.timeout_s, wait_for_ready=True)
         except grpc.RpcError as exc:
             grpcutil.raise_for_rpc_error(exc)
             raise  # pragma: no cover
 
     def push_future(self, base_version: int, grads: Sequence[tensor_pb2.CompressedTensor],
-                    batch_size: int = 0, timeout: float | None = None
+                    batch_size: int = 0, timeout: float | None = None, *,
+                    return_weights: bool = False
                     ) -> "concurrent.futures.Future[paramserver_pb2.PushGradientsResponse]":
         """Starts a push and returns at once; the future yields what ``push`` would return
-        or raises what it would raise (learners keep a window of these in flight)."""
-        out: concurrent.futures.Future = concurrent.futures.Future()
-        out.set_running_or_notify_cancel()
-        call = self.stub.PushGradients.future(self._push_request(base_version, grads, batch_size),
-                                              timeout=timeout or self.timeout_s,
-                                              wait_for_ready=True)
+        or raises what it would raise (learners keep a window of these in flight).
 
-        def done(f):
-            try:
-                out.set_result(f.result())
-            except grpc.RpcError as exc:
-                out.set_exception(_mapped(exc))
-            except Exception as exc:  # noqa: BLE001 - e.g. grpc.FutureCancelledError
-                out.set_exception(exc)
-
-        call.add_done_callback(done)
-        return out
+        The call runs as a blocking ``push`` on one of this client's push threads, which
+        live as long as the client: building and serialising the request (a whole
+        gradient) happens there, not in the caller's update loop, and no gRPC channel-spin
+        thread is started per call (what ``stub.X.future`` does whenever no other call is
+        in flight: measured as ~18% of the learner's update thread in a py-spy profile).
+        """
+        with self._pool_lock:
+            if self._push_pool is None:
+                # threads are made on demand and reused; more than the widest window in use
+                self._push_pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=MAX_PUSHES_IN_FLIGHT, thread_name_prefix="ps-push")
+            return self._push_pool.submit(self.push, base_version, grads, batch_size, timeout,
+                                          return_weights=return_weights)
 
     # -- PullParameters ------------------------------------------------------------------
 
@@ -243,6 +260,10 @@ class ParameterClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
+        with self._pool_lock:
+            pool, self._push_pool = self._push_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         self.channel.close()
 
     def __enter__(self) -> "ParameterClient":

@@ -53,6 +53,8 @@ class ApplyResult:
     """Factor the gradient was multiplied by before the optimizer step."""
     scaled: bool
     """True when staleness scaling changed the gradient (scale < 1)."""
+    weights: dict[str, torch.Tensor] | None = None
+    """With ``apply(..., snapshot=True)``: a copy of the weights of exactly ``version``."""
 
 
 @dataclass
@@ -151,8 +153,11 @@ class ParameterStore:
                                   + (f" (also {', '.join(bad[1:4])})" if len(bad) > 1 else ""))
 
     def apply(self, base_version: int, grads: Mapping[str, torch.Tensor], *,
-              learner_id: str = "", batch_size: int = 0, wire_bytes: int = 0) -> ApplyResult:
-        """Applies one gradient computed on ``base_version`` (see the module docstring).
+              learner_id: str = "", batch_size: int = 0, wire_bytes: int = 0,
+              snapshot: bool = False) -> ApplyResult:
+        """Applies one gradient computed on ``base_version`` (see the module docstring);
+        with ``snapshot`` the result also holds the weights the step made (copied under the
+        same lock, so no other push can slip in between).
 
         Raises InvalidArgument (nothing changed but the counter) or FailedPrecondition with
         ``current_version`` when the gradient is too stale.
@@ -200,7 +205,8 @@ class ParameterStore:
                                                        staleness)
             self.counters.transitions_trained += int(batch_size)
             self.changed.notify_all()
-            return ApplyResult(self.version, staleness, scale, scaled)
+            weights = ({n: p.detach().clone() for n, p in self.params.items()} if snapshot else None)
+            return ApplyResult(self.version, staleness, scale, scaled, weights)
 
     def lr_at(self, version: int) -> float:
         """The learning rate of the step that makes ``version + 1``: ``lr`` falling linearly to

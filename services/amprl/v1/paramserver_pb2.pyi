@@ -57,12 +57,18 @@ class PushGradientsRequest(_message.Message):
     BASE_VERSION_FIELD_NUMBER: _builtins.int
     GRADIENTS_FIELD_NUMBER: _builtins.int
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    RETURN_WEIGHTS_FIELD_NUMBER: _builtins.int
     learner_id: _builtins.str
     """Identity of the pushing learner ("learner-0")."""
     base_version: _builtins.int
     """Version of the weights the gradient was computed on."""
     batch_size: _builtins.int
     """Transitions in the batch the gradient was computed on (for Info)."""
+    return_weights: _builtins.bool
+    """Ask for the weights this push makes in the reply (fp32), saving the PullParameters
+    round trip a synchronous learner would make next. Served only when they fit in one
+    pull message (the server's pull chunk size); otherwise the reply has none: pull.
+    """
     @_builtins.property
     def gradients(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.CompressedTensor]:
         """One entry per stepped parameter, named as in the model's state dict; each name at most
@@ -78,10 +84,11 @@ class PushGradientsRequest(_message.Message):
         base_version: _builtins.int = ...,
         gradients: _abc.Iterable[_tensor_pb2.CompressedTensor] | None = ...,
         batch_size: _builtins.int = ...,
+        return_weights: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "batch_size", b"batch_size", "gradients", b"gradients", "learner_id", b"learner_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "batch_size", b"batch_size", "gradients", b"gradients", "learner_id", b"learner_id", "return_weights", b"return_weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -97,6 +104,7 @@ class PushGradientsResponse(_message.Message):
     DISPOSITION_FIELD_NUMBER: _builtins.int
     STALENESS_FIELD_NUMBER: _builtins.int
     SCALE_FIELD_NUMBER: _builtins.int
+    WEIGHTS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Version after applying the gradient."""
     disposition: Global___PushDisposition.ValueType
@@ -105,6 +113,12 @@ class PushGradientsResponse(_message.Message):
     """version - base_version at arrival."""
     scale: _builtins.float
     """Factor the gradient was multiplied by before the optimizer step."""
+    @_builtins.property
+    def weights(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.CompressedTensor]:
+        """With return_weights: the weights of exactly `version` (fp32, state-dict order), or
+        empty when they do not fit in one message.
+        """
+
     def __init__(
         self,
         *,
@@ -112,10 +126,11 @@ class PushGradientsResponse(_message.Message):
         disposition: Global___PushDisposition.ValueType = ...,
         staleness: _builtins.int = ...,
         scale: _builtins.float = ...,
+        weights: _abc.Iterable[_tensor_pb2.CompressedTensor] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposition", b"disposition", "scale", b"scale", "staleness", b"staleness", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposition", b"disposition", "scale", b"scale", "staleness", b"staleness", "version", b"version", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

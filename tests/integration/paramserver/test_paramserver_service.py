@@ -12,7 +12,7 @@ from torch import nn
 from amprl import errors
 from amprl.compression import ErrorFeedback, decode, encode
 from amprl.config import config_from_dict
-from amprl.paramserver.client import ParameterClient, load_into
+from amprl.paramserver.client import ParameterClient, load_into, reply_weights
 from amprl.paramserver.service import create_server
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
@@ -69,6 +69,28 @@ def test_push_then_pull_returns_the_stepped_weights(start_server):
     info = client.info()
     assert (info.version, info.pushes_applied, info.transitions_trained) == (1, 1, 64)
     assert info.learners_live == 1 and info.num_tensors == 6
+
+
+def test_a_push_asking_for_weights_gets_exactly_the_version_it_made(start_server):
+    ps, client = start_server()
+    assert reply_weights(client.push(0, fp32_grads(ps, 0))) is None  # not asked: none sent
+    reply = client.push_future(1, fp32_grads(ps, 1), return_weights=True).result(timeout=10)
+    weights = reply_weights(reply)
+    assert reply.version == 2 and weights is not None
+    assert all(torch.equal(weights[n], ps.store.params[n].detach()) for n in ps.store.shapes)
+    client.push(2, fp32_grads(ps, 2))  # the server moves on; the reply stays version 2's
+    version, pulled = client.pull(have_version=0)
+    assert version == 3 and not torch.equal(pulled["0.weight"], weights["0.weight"])
+    assert client.info().pulls_with_weights == 2  # the reply counts as a pull
+
+
+def test_a_model_over_one_message_gets_no_weights_in_the_reply(start_server):
+    # ~135 KB of fp32 weights over a 40 KB message limit: the reply stays small; pull instead
+    ps, client = start_server(wide_model(), max_message_bytes=40_000)
+    reply = client.push(0, fp32_grads(ps, names=["0.weight"]), return_weights=True)  # 16 KB
+    assert reply.version == 1 and reply_weights(reply) is None
+    version, weights = client.pull(have_version=0)
+    assert version == 1 and all(torch.equal(weights[n], ps.store.params[n].detach()) for n in weights)
 
 
 def test_an_unchanged_pull_carries_only_the_version(start_server):

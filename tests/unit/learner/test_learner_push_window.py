@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from amprl import errors
-from amprl.compression import decode
+from amprl.compression import decode, encode
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
 from amprl.learner.learner import Learner
@@ -26,7 +26,7 @@ class FakePS:
         self.pushes: list[tuple[int, dict, int, concurrent.futures.Future]] = []
         self.pulls: list[int] = []
 
-    def push_future(self, base_version, msgs, batch_size=0, timeout=None):
+    def push_future(self, base_version, msgs, batch_size=0, timeout=None, return_weights=False):
         fut: concurrent.futures.Future = concurrent.futures.Future()
         fut.set_running_or_notify_cancel()
         self.pushes.append((base_version, {m.name: decode(m) for m in msgs}, batch_size, fut))
@@ -154,7 +154,7 @@ def test_a_failed_push_frees_its_slot_and_asks_for_a_resync():
 class ApplyingPS(FakePS):
     """Replies to each push at once, as a server that applies it: new weights, version + 1."""
 
-    def push_future(self, base_version, msgs, batch_size=0, timeout=None):
+    def push_future(self, base_version, msgs, batch_size=0, timeout=None, return_weights=False):
         fut = super().push_future(base_version, msgs, batch_size, timeout)
         self.weights = {n: w - 0.01 * self.pushes[-1][1][n] for n, w in self.weights.items()}
         self.reply(len(self.pushes) - 1)
@@ -172,6 +172,28 @@ def test_pull_lag_0_trains_every_batch_on_the_weights_its_previous_push_made():
             torch.testing.assert_close(p.detach(), ps.weights[n])
     assert [p[0] for p in ps.pushes] == [7, 8, 9]  # staleness 0 at the server
     assert ps.pulls == [7, 8, 9] and not learner._want_pull.is_set()
+
+
+class ReplyingPS(ApplyingPS):
+    """ApplyingPS whose replies carry the weights they made when asked (return_weights)."""
+
+    def push_future(self, base_version, msgs, batch_size=0, timeout=None, return_weights=False):
+        fut = super().push_future(base_version, msgs, batch_size, timeout)
+        if return_weights:
+            fut.result().weights = [encode(n, w, "fp32") for n, w in self.weights.items()]
+        return fut
+
+
+def test_pull_lag_0_loads_the_weights_from_the_push_reply_without_a_pull():
+    learner, _ = _learner("learner.pull_lag_versions=0", "learner.max_pushes_in_flight=1")
+    ps = ReplyingPS(learner.ps.weights, version=7)
+    learner.ps = ps
+    for i in range(3):
+        learner.update(_batch(learner, i))
+        assert learner.version == ps.version == 8 + i
+        for n, p in learner.model.named_parameters():
+            torch.testing.assert_close(p.detach(), ps.weights[n])
+    assert [p[0] for p in ps.pushes] == [7, 8, 9] and ps.pulls == []
 
 
 @pytest.mark.parametrize("override, key", [("learner.max_batches_per_push=0", "learner.max_batches_per_push"),
