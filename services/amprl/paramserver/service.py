@@ -69,9 +69,6 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
             raise ConfigError(f"parameter {largest[0]} ({4 * largest[1].numel()} bytes in fp32) "
                               f"does not fit one message of {max_message_bytes} bytes; raise "
                               f"the message limit")
-        # return_weights is served when the whole fp32 model fits one message (name, shape
-        # and framing of each tensor: well under 256 bytes)
-        self._fits_one_message = sum(4 * p.numel() + 256 for p in store.params.values()) <= self.chunk_bytes
         self.max_watchers = max_watchers
         self.watch_poll_s = watch_poll_s
         self._lock = threading.Lock()
@@ -106,23 +103,22 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         except InvalidArgument:
             store.note_invalid_push()
             raise
-        with_weights = request.return_weights and self._fits_one_message
         result = store.apply(request.base_version, grads, learner_id=request.learner_id,
                              batch_size=request.batch_size,
-                             wire_bytes=payload_bytes(request.gradients), snapshot=with_weights)
+                             wire_bytes=payload_bytes(request.gradients),
+                             snapshot=request.return_weights)
         reply = paramserver_pb2.PushGradientsResponse(
             version=result.version,
             disposition=(paramserver_pb2.PUSH_DISPOSITION_SCALED if result.scaled
                          else paramserver_pb2.PUSH_DISPOSITION_APPLIED),
             staleness=result.staleness, scale=result.scale)
         if result.weights is not None:
-            # the same fp32 messages a pull of this version serves: cached for the pullers
-            # (actors, evaluator) that ask for it next
-            msgs = [encode(name, t, "fp32") for name, t in result.weights.items()]
-            reply.weights.extend(msgs)
-            store.count_pull(unchanged=False)
-            self._cache_pull(tensor_pb2.ENCODING_FP32, result.version, [
-                paramserver_pb2.PullParametersResponse(version=result.version, parameters=msgs, last=True)])
+            # the fp32 messages a pull of this version serves (and now finds cached); sent
+            # back only when they fit one message, else the caller pulls them in chunks
+            _, responses = self._encode_snapshot(tensor_pb2.ENCODING_FP32, result.version, result.weights)
+            if len(responses) == 1:
+                reply.weights.extend(responses[0].parameters)
+                store.count_pull(unchanged=False)
         return reply
 
     # -- PullParameters ------------------------------------------------------------------
@@ -142,10 +138,9 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
             cached = self._cached(encoding)
             if cached is not None:
                 return cached
-            return self._encode_snapshot(encoding)
+            return self._encode_snapshot(encoding, *self.store.snapshot())
 
-    def _encode_snapshot(self, encoding: int):
-        version, weights = self.store.snapshot()
+    def _encode_snapshot(self, encoding: int, version: int, weights: dict[str, torch.Tensor]):
         name = _PULL_ENCODINGS[encoding]
         responses: list[paramserver_pb2.PullParametersResponse] = []
         current: list[tensor_pb2.CompressedTensor] = []
@@ -161,14 +156,11 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
             size += n
         responses.append(paramserver_pb2.PullParametersResponse(version=version, parameters=current))
         responses[-1].last = True
-        self._cache_pull(encoding, version, responses)
-        return version, responses
-
-    def _cache_pull(self, encoding: int, version: int, responses) -> None:
         with self._lock:
             old = self._cache.get(encoding)
             if old is None or old[0] <= version:
                 self._cache[encoding] = (version, responses)
+        return version, responses
 
     @grpcutil.map_errors
     def PullParameters(self, request: paramserver_pb2.PullParametersRequest,
