@@ -9,7 +9,7 @@ Initial priorities (Ape-X, Horgan et al. 2018) come from values the actor has an
 online and target) from the Q-values of the acting passes at s_t and s_{t+K}, which the
 n-step chunker carries (``NStepChunker.step_scored``); only a truncated episode's final
 observation, never acted on, costs a forward pass of its own. TD3: |Q1 - y| of its own
-critic over the chunk, no smoothing noise. DQN actors of a bf16 run act in bf16 where the
+critics over the chunk, no smoothing noise (``ActingPolicy.td_abs``). DQN actors of a bf16 run act in bf16 where the
 CPU computes it natively (``policy.acting_dtype``).
 
 Neither sending nor weight refreshes block the env loop: chunks go through a bounded queue
@@ -36,7 +36,6 @@ from amprl.actor.policy import ActingPolicy, ActingQNetwork, acting_dtype
 from amprl.config import ExperimentConfig
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
-from amprl.rl import td3
 from amprl.rl.batch import Batch
 from amprl.rl.models import build_model
 
@@ -203,7 +202,8 @@ class Actor:
     def _td3_td_abs(self, chunk) -> np.ndarray:
         """|Q1(s, a) - y| of each transition under the actor's own TD3 networks."""
         batch = Batch.from_chunk(chunk, frame_stack=self.spec.frame_stack)
-        return td3.td3_td_abs(self.model, self.model, batch, noise=0.0).numpy().astype(np.float32)
+        return self.policy.td_abs(batch.obs.numpy(), batch.actions.numpy(), batch.rewards.numpy(),
+                                  batch.discounts.numpy(), batch.next_obs.numpy())
 
     # -- the loop --------------------------------------------------------------------------
 

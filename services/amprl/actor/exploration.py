@@ -91,7 +91,9 @@ def gaussian_exploration(actions: np.ndarray, noise: float, low: np.ndarray, hig
     """
     low = np.asarray(low, dtype=np.float32)
     high = np.asarray(high, dtype=np.float32)
-    actions = np.asarray(actions, dtype=np.float32)
+    actions = np.array(actions, dtype=np.float32)  # a copy: the noise is added in place
     if noise > 0.0:
-        actions = actions + rng.normal(0.0, noise, size=actions.shape).astype(np.float32) * (high - low) / 2
-    return np.clip(actions, low, high).astype(np.float32, copy=False)
+        eps = rng.standard_normal(actions.shape, dtype=np.float32)
+        eps *= np.float32(noise) * (high - low) / 2
+        actions += eps
+    return np.clip(actions, low, high, out=actions)

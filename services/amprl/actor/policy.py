@@ -141,20 +141,29 @@ class ActingQNetwork:
 
 
 class ActingPolicy:
-    """pi(s) of a TD3 replica as float32 NumPy, for an actor's acting pass: the policy MLP as
-    an ``addmm``/``relu_`` chain (see ActingQNetwork; ~55 -> ~30 us for 16 HalfCheetah
-    observations), then tanh, scale and bias as ``DeterministicActor`` does.
-    ``sync`` refreshes the transposed weights after the replica's weights change."""
+    """pi(s) of a TD3 replica as float32 NumPy, for an actor's acting pass, and the critic
+    TD errors that are its transitions' initial priorities.
+
+    The policy MLP runs as an ``addmm``/``relu_`` chain (see ActingQNetwork; ~55 -> ~30 us
+    for 16 HalfCheetah observations), then tanh, scale and bias as ``DeterministicActor``
+    does; the critics likewise (``td_abs``). ``sync`` refreshes the transposed
+    weights after the replica's weights change.
+    """
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self._chain = _linear_chain(model.actor.net) if isinstance(model, TD3Model) else None
+        td3 = isinstance(model, TD3Model)
+        self._chain = _linear_chain(model.actor.net) if td3 else None
+        critics = [_linear_chain(model.critic1.net), _linear_chain(model.critic2.net)] if td3 else None
+        self._critics = critics if critics and all(critics) else None
         self.sync()
 
     @torch.inference_mode()
     def sync(self) -> None:
         if self._chain is not None:
             self._plan = _plan(self._chain)
+        if self._critics is not None:
+            self._critic_plans = [_plan(chain) for chain in self._critics]
 
     @torch.inference_mode()
     def __call__(self, obs: np.ndarray) -> np.ndarray:
@@ -165,3 +174,31 @@ class ActingPolicy:
         actor = self.model.actor
         h = torch.tanh(_run_plan(self._plan, x.reshape(x.shape[0], -1)))
         return (h * actor.action_scale + actor.action_bias).numpy()
+
+    def _q(self, critic: int, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """Q_critic(s, a) [B] (critic 0 or 1) of flat float observations and actions."""
+        if self._critics is None or x.dtype != torch.float32:
+            net = self.model.critic1 if critic == 0 else self.model.critic2
+            return net(x, a).float()
+        return _run_plan(self._critic_plans[critic], torch.cat((x, a), dim=1)).squeeze(1)
+
+    @torch.inference_mode()
+    def td_abs(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, discounts: np.ndarray,
+               next_obs: np.ndarray) -> np.ndarray:
+        """|Q1(s, a) - y|, float32 [T], with y = R + D * min(Q1, Q2)(s', pi(s')): the TD3
+        target without smoothing noise, the replica as model and target (what
+        ``rl.td3.td3_td_abs`` computes from a Batch), an actor's initial priorities of a
+        chunk's transitions. One pass of the policy chain over s', of critic 1 over (s, a)
+        and (s', pi(s')) together and of critic 2 over (s', pi(s'))."""
+        x = torch.from_numpy(np.ascontiguousarray(obs))
+        x = x.reshape(x.shape[0], -1)
+        x2 = torch.from_numpy(np.ascontiguousarray(next_obs))
+        x2 = x2.reshape(x2.shape[0], -1)
+        n = x.shape[0]
+        a = torch.from_numpy(np.ascontiguousarray(actions, dtype=np.float32))
+        p = torch.from_numpy(self(next_obs))
+        q1 = self._q(0, torch.cat((x, x2)), torch.cat((a, p)))
+        bootstrap = torch.minimum(q1[n:], self._q(1, x2, p))
+        y = (torch.from_numpy(np.asarray(rewards, dtype=np.float32))
+             + torch.from_numpy(np.asarray(discounts, dtype=np.float32)) * bootstrap)
+        return (q1[:n] - y).abs().numpy()

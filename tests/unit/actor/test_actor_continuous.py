@@ -10,6 +10,8 @@ import torch
 from amprl.actor.actor import Actor
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
+from amprl.rl.batch import Batch
+from amprl.rl.td3 import td3_td_abs
 
 
 def make_actor(**overrides):
@@ -62,3 +64,27 @@ def test_acting_policy_equals_the_models_actor_after_weight_changes():
     with torch.no_grad():
         want = actor.model.actor(torch.from_numpy(obs)).numpy()
     np.testing.assert_allclose(actor.policy(obs), want, rtol=1e-5, atol=1e-6)
+
+
+def test_priorities_equal_the_td3_td_error_of_the_actors_networks_over_each_chunk():
+    """Scored from the acting passes (Q1 of the action taken, min(Q1, Q2)(s', pi(s')) carried
+    through the n-step window, truncated episodes' final observations scored apart), the
+    priorities equal |Q1(s, a) - y| of the TD3 target without smoothing noise, computed over
+    each chunk with the actor's networks as model and target."""
+    actor = make_actor(**{"td3.random_steps": 40, "td3.n_step": 3, "env.max_episode_steps": 20,
+                          "td3.hidden_sizes": "[32, 32]"})
+    actor.run(threading.Event(), max_steps=4 * 60)  # random then policy actions, 12 truncations
+    items = []
+    while not actor._outbox.empty():
+        items.append(actor._outbox.get_nowait())
+    assert len(items) >= 20
+    chunks = [chunk for chunk, _, _ in items]
+    disc = np.concatenate([c.discounts for c in chunks])
+    gamma = actor.cfg.gamma
+    assert (np.isclose(disc, gamma ** 3).any() and (disc > gamma ** 3 + 1e-6).any()), \
+        "expected full windows and windows cut short by truncation"
+    for chunk, prios, _ in items:
+        batch = Batch.from_chunk(chunk, frame_stack=1)
+        with torch.no_grad():
+            expected = td3_td_abs(actor.model, actor.model, batch, noise=0.0).numpy()
+        np.testing.assert_allclose(prios, expected + actor.cfg.replay.priority_epsilon, rtol=1e-4, atol=1e-4)
