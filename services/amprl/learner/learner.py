@@ -8,9 +8,12 @@ One update, read straight down:
     push(compress(grads), base_version)     # async, inside a bounded window (below)
     priorities -> replay                    # async, by a background thread
 
-Weights come back from the parameter server: every push reply announces a new version and
-a background thread pulls it; the update loop swaps new weights in between updates, so
-network round trips overlap with computation instead of stalling it.
+Weights come back from the parameter server: a push that will leave the replica
+``learner.pull_lag_versions`` or more behind asks for the weights it makes in its reply
+(``return_weights``; served when the model fits one message; one such push in flight at a
+time), else a background thread pulls them; the update loop swaps new weights in between updates, so network round trips
+overlap with computation instead of stalling it. Weights in the reply save the pull's own
+round trip and RPC (one call per push instead of two, on both sides).
 
 Latency tolerance -- the rule
 -----------------------------
@@ -141,6 +144,7 @@ class Learner:
         self._want_pull = threading.Event()
         self._resync = threading.Event()  # the next pull fetches the full current weights
         self._newest_seen = 0
+        self._weights_push = None  # the newest push that asked for its weights in the reply
         # gradients averaged into the next push while the window is full
         self._acc: dict[str, torch.Tensor] = {}
         self._acc_count: dict[str, int] = {}
@@ -232,10 +236,14 @@ class Learner:
             if resync:
                 self.stats.resyncs += 1
             if weights is not None:
-                # Pulls are sequential, so this is the newest state of the server we know;
-                # the swap loads it whatever its version (see "Re-sync" in the docstring).
+                # A re-sync's pull is the newest state of the server we know: the swap loads
+                # it whatever its version (see "Re-sync" in the docstring). Otherwise a push
+                # reply may have brought newer weights meanwhile: keep those.
                 with self._pending_lock:
-                    self._pending_weights = (version, weights)
+                    pending = self._pending_weights
+                    newest = max(self.version, pending[0] if pending else 0)
+                    if resync or version > newest:
+                        self._pending_weights = (version, weights)
 
     def start(self) -> None:
         """Pulls the initial weights (blocking) and starts the background threads."""
@@ -323,6 +331,10 @@ class Learner:
                 return  # synchronous: the update loop pulls (``_sync_weights``)
             if reply.version - self.version < self.lcfg.pull_lag_versions:
                 return  # the replica is recent enough; don't pay a pull for every push
+            if reply.weights and self._offer_weights(reply):
+                return  # the reply brought them: no pull
+            if self._weights_push is not None and not self._weights_push.done():
+                return  # a push in flight asked for its weights: they are on their way
         except errors.FailedPrecondition as exc:
             self.stats.stale_rejections += 1
             if exc.current_version is not None:
@@ -334,6 +346,34 @@ class Learner:
             log.warning("push failed: %s", exc)
             self._resync.set()
         self._want_pull.set()
+
+    def _offer_weights(self, reply) -> bool:
+        """Makes the weights a push reply carries the pending swap unless newer ones are
+        already pending (replies can complete out of order); True if the replica will be at
+        least that recent, so no pull is needed."""
+        weights = reply_weights(reply, self.device)
+        if weights is None:
+            return False
+        with self._pending_lock:
+            pending = self._pending_weights
+            if pending is None or pending[0] < reply.version:
+                self._pending_weights = (reply.version, weights)
+        return True
+
+    def _wants_weights_back(self) -> bool:
+        """Whether a push sent now should ask for its weights in the reply: always in
+        synchronous mode, else when no push in flight asked already (like pulls, one at a
+        time: on a slow link a window of pushes each bringing the whole model would cost
+        the model's size per push downstream, for weights the replica mostly skips) and
+        the version it makes will leave the replica ``pull_lag_versions`` behind (the
+        pushes in flight each add a version)."""
+        lag = self.lcfg.pull_lag_versions
+        if lag == 0:
+            return True
+        if self._weights_push is not None and not self._weights_push.done():
+            return False
+        made = max(self._newest_seen, self.version) + len(self._inflight) + 1
+        return made - self.version >= lag
 
     def _drain_pushes(self, keep: int) -> None:
         while len(self._inflight) > keep:
@@ -374,10 +414,12 @@ class Learner:
         msgs = self.compressor.compress(grads)
         self._drain_pushes(self.window - 1)  # blocks only when the window is full
         sent = time.monotonic()
-        # synchronous mode: the reply brings the new weights (one round trip, not two)
+        # the reply brings the new weights when the replica will want them (one round trip, not two)
+        ask = self._wants_weights_back()
         fut = self.ps.push_future(base_version, msgs, batch_size=items,
-                                  timeout=self.lcfg.push_timeout_s,
-                                  return_weights=self.lcfg.pull_lag_versions == 0)
+                                  timeout=self.lcfg.push_timeout_s, return_weights=ask)
+        if ask:
+            self._weights_push = fut
         fut.add_done_callback(lambda f: self._on_push_done(f, sent))
         self._inflight.append(fut)
         self.stats.pushes += 1

@@ -44,6 +44,7 @@ class FakePS:
         r = Reply()
         self.version = version if version is not None else self.version + 1
         r.version = self.version
+        r.weights = []  # a real reply's repeated field: empty unless return_weights
         self.pushes[i][3].set_result(r)
 
 
@@ -194,6 +195,59 @@ def test_pull_lag_0_loads_the_weights_from_the_push_reply_without_a_pull():
         for n, p in learner.model.named_parameters():
             torch.testing.assert_close(p.detach(), ps.weights[n])
     assert [p[0] for p in ps.pushes] == [7, 8, 9] and ps.pulls == []
+
+
+def test_overlapped_pushes_ask_for_their_weights_and_the_replies_replace_the_pulls():
+    learner, _ = _learner("learner.pull_lag_versions=1", "learner.max_pushes_in_flight=2")
+    ps = ReplyingPS(learner.ps.weights, version=7)
+    learner.ps = ps
+    asked = []
+    push_future = ps.push_future
+    ps.push_future = lambda *a, **k: (asked.append(k.get("return_weights")), push_future(*a, **k))[1]
+    for i in range(3):
+        learner._swap_in_new_weights()  # what step() does before each update
+        learner.update(_batch(learner, i))
+    learner._swap_in_new_weights()
+    assert asked == [True, True, True] and ps.pulls == [] and not learner._want_pull.is_set()
+    assert learner.version == ps.version == 10
+    for n, p in learner.model.named_parameters():
+        torch.testing.assert_close(p.detach(), ps.weights[n])
+
+
+def test_one_push_at_a_time_asks_for_weights_and_the_others_wait_for_it_instead_of_pulling():
+    learner, ps = _learner("learner.pull_lag_versions=1", "learner.max_pushes_in_flight=4")
+    asked = []
+    push_future = ps.push_future
+    ps.push_future = lambda *a, **k: (asked.append(k.get("return_weights")), push_future(*a, **k))[1]
+    for i in range(3):
+        learner.update(_batch(learner, i))
+    assert asked == [True, False, False]
+    ps.reply(1)  # a push that did not ask: the weights are on their way with push 0
+    assert not learner._want_pull.is_set()
+    ps.reply(0)  # the reply came without weights (a model over one message): pull
+    assert learner._want_pull.is_set() and ps.pulls == []
+    learner.update(_batch(learner, 3))
+    assert asked == [True, False, False, True]
+
+
+def test_a_pull_older_than_the_weights_a_reply_brought_is_not_swapped_in():
+    learner, _ = _learner("learner.pull_lag_versions=1", "learner.max_pushes_in_flight=2")
+    ps = ReplyingPS(learner.ps.weights, version=7)
+    learner.ps = ps
+    learner.update(_batch(learner, 0))  # the reply brings version 8
+    assert learner._pending_weights[0] == 8
+    ps.version = 7  # a pull served before that push was applied, completing after it
+    ps.pull = lambda have_version=0, timeout=None, **_: (7, {k: v.clone() for k, v in ps.weights.items()})
+    learner._want_pull.set()
+    t = threading.Thread(target=learner._pull_loop, daemon=True)
+    t.start()
+    while learner._want_pull.is_set():
+        t.join(0.05)
+    learner._stop.set()
+    t.join(2)
+    assert learner._pending_weights[0] == 8
+    learner._swap_in_new_weights()
+    assert learner.version == 8 and learner.stats.server_rollbacks == 0
 
 
 @pytest.mark.parametrize("override, key", [("learner.max_batches_per_push=0", "learner.max_batches_per_push"),
