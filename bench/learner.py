@@ -9,12 +9,19 @@ For each case (CartPole DQN; a larger MLP Q-network 256x256 at batch 256) and pr
     replay service), gradients pushed to a live parameter server (separate processes), new
     weights pulled back in the background;
 and prints one JSON object with the medians over ``--repeats`` and ``updates_ratio_vs_plain``.
+
+``--pin`` gives the learner (and the plain loop) CPU 0 and moves replay, the parameter
+server and Redis to the other CPUs, as when they run on other hosts (or the learner pod has
+dedicated cores, Kubernetes' static CPU manager): on a shared pair of cores a learner helper
+thread that holds the GIL can be preempted by a service process, and the update thread
+then waits for the GIL while its core idles.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -81,21 +88,39 @@ def learner_loop(cfg, spec, replay_addr, ps_addr, seconds: float) -> float:
     learner.run(stop)
     rate = (learner.stats.updates - start_updates) / (time.perf_counter() - t0)
     learner.stop()
+    # close the channels: their gRPC threads would otherwise compete with the next
+    # measurement (on one core with --pin, the next learner ran at half speed)
+    learner.ps.close()
+    learner.replay.close()
     return rate
+
+
+def pin(services, redis, cpus: list[int]) -> None:
+    """This process (the learner and the plain loop; threads started later inherit it) on
+    the first of ``cpus``, the service processes and Redis on the others."""
+    for pid in [s.proc.pid for s in services] + [redis.pid]:
+        for tid in os.listdir(f"/proc/{pid}/task"):  # affinity is per thread
+            os.sched_setaffinity(int(tid), set(cpus[1:]))
+    os.sched_setaffinity(0, {cpus[0]})
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--pin", action="store_true",
+                   help="learner on CPU 0, replay, parameter server and Redis on the others")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="extra config overrides, e.g. learner.pull_lag_versions=0 (synchronous)")
     args = p.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs")
     torch.set_num_threads(1)
     results: dict = {"seconds_per_measurement": args.seconds, "repeats": args.repeats,
-                     "device": "cpu", "torch_threads": 1}
+                     "device": "cpu", "torch_threads": 1, "pinned": args.pin}
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="amprl-bench-learner-") as tmp:
         tmp = Path(tmp)
@@ -117,6 +142,8 @@ def main() -> int:
                     try:
                         for s in services:
                             wait_for_port(s)
+                        if args.pin:
+                            pin(services, redis, cpus)
                         replay = ReplayClient(services[0].address)
                         fill_replay(replay, spec, 20_000, rng)
                         sampled = replay.sample(cfg.learner.batch_size, 0.4, timeout=30)
