@@ -46,6 +46,23 @@ Hence:
   and DQN learns markedly steadier: with a mean staleness of 2-4 versions (the overlapped
   default) CartPole's greedy return oscillated (~300 after 50k steps) instead of settling
   at 500.
+* **Apply locally** (``learner.apply_locally``). The learner also applies each push to
+  its own replica with the server's optimizer rule (a local ``ParameterStore`` built from
+  the same config, fed the *decoded* message, so exactly what the server will apply), so
+  the next gradient is computed on the weights the server will hold when it arrives: with
+  one learner, in-order delivery makes every push's staleness 0 however wide the window and
+  however long the round trip -- the overlap of the default mode at the gradient quality
+  of the synchronous one. The replica is still the server's: a push that asks for its
+  weights in the reply (one in flight at a time, when ``pull_lag_versions`` pushes have
+  gone since the last one) brings the server's weights W at its version V, and the
+  replica re-bases onto them: ``replica = W + sum of the weight changes of our pushes the
+  server had not applied at V`` (those sent after it whose reply is not back or made a
+  version above V). That folds in other learners' pushes and corrects any drift (an Adam
+  state that differs from the server's after a server restart; float differences between
+  devices); ``stats.rebase_drift`` is the largest |replica - server| a re-base found
+  (0.0 with one fp32 CPU learner: the two stores compute the same steps). A push whose
+  reply comes back without weights (a model over one message) leaves the replica on its
+  own steps until a re-sync. Needs ``pull_lag_versions`` >= 1.
 * **Deadlines.** Every push has ``learner.push_timeout_s`` (including waiting for a lost
   connection to come back), pulls 30 s, samples 2 s; keepalive pings (grpcutil) detect a
   dead peer. A push is never resent: it may have been applied before the reply was lost.
@@ -73,12 +90,13 @@ import numpy as np
 import torch
 
 from amprl import errors
-from amprl.compression import ErrorFeedback
+from amprl.compression import ErrorFeedback, decode
 from amprl.config import ExperimentConfig
 from amprl.envs.spec import EnvSpec
 from amprl.learner.algos import make_algo
 from amprl.learner.precision import Precision
 from amprl.paramserver.client import reply_weights
+from amprl.paramserver.store import build_store
 from amprl.rl.models import build_model
 
 log = logging.getLogger(__name__)
@@ -110,6 +128,10 @@ class LearnerStats:
     """Times the pulled version was lower than the replica's (server restored a checkpoint)."""
     push_rtt_ms: float = 0.0
     """Moving average of a push's round trip (send to reply)."""
+    rebases: int = 0
+    """apply_locally: times the replica was re-based onto weights from the server."""
+    rebase_drift: float = 0.0
+    """apply_locally: largest |replica - server| over the applied pushes, at a re-base."""
 
 
 class Learner:
@@ -129,15 +151,25 @@ class Learner:
         self.algo = make_algo(cfg, self.model, self.device)
         self.precision = Precision(self.lcfg.precision, self.device, list(self.model.parameters()))
         self.compressor = ErrorFeedback(self.lcfg.grad_encoding, block_size=self.lcfg.onebit_block_size,
-                                        min_elements=self.lcfg.onebit_min_elements)
+                                        min_elements=self.lcfg.onebit_min_elements,
+                                        precondition=self.lcfg.onebit_precondition,
+                                        eps=cfg.paramserver.adam_eps)
         self.stats = LearnerStats()
         self.version = 0
         self._params = dict(self.model.named_parameters())
         self._stop = threading.Event()
         self._batches: queue.Queue = queue.Queue(maxsize=self.lcfg.prefetch_batches)
         self._priorities: queue.Queue = queue.Queue(maxsize=256)
-        self.window = self.lcfg.max_pushes_in_flight or max(1, cfg.paramserver.max_staleness // 2)
+        self.window = self.lcfg.max_pushes_in_flight or min(256, max(1, cfg.paramserver.max_staleness // 2))
         """Pushes in flight at most (see the rule in the module docstring)."""
+        # apply_locally: the server's optimizer rule on a copy of the weights, the weight
+        # change of each push not yet known to be on the server (seq, {name: delta}), and
+        # the version each push's reply reported (seq -> version)
+        self.local = build_store(cfg, self.model, device=self.device) if self.lcfg.apply_locally else None
+        self._seq = 0
+        self._deltas: collections.deque = collections.deque()
+        self._made: dict[int, int] = {}
+        self._pushes_since_rebase = 0
         self._inflight: collections.deque = collections.deque()
         self._pending_weights: tuple[int, dict] | None = None
         self._pending_lock = threading.Lock()
@@ -243,12 +275,17 @@ class Learner:
                     pending = self._pending_weights
                     newest = max(self.version, pending[0] if pending else 0)
                     if resync or version > newest:
-                        self._pending_weights = (version, weights)
+                        # apply_locally: a re-sync forgets the pushes in flight (None),
+                        # a plain pull is placed by versions (-1)
+                        self._pending_weights = ((version, weights, None if resync else -1)
+                                                 if self.local is not None else (version, weights))
 
     def start(self) -> None:
         """Pulls the initial weights (blocking) and starts the background threads."""
         version, weights = self.ps.pull(have_version=0, timeout=60.0)
         self._load(version, weights)
+        if self.local is not None:
+            self._rebase(version, weights, anchor_seq=None)
         self.algo.on_weights(self.version, initial=True)
         log.info("push window %d, up to %d batches per push, push deadline %.1f s (max_staleness %d)",
                  self.window, self.lcfg.max_batches_per_push, self.lcfg.push_timeout_s,
@@ -280,6 +317,9 @@ class Learner:
             pending, self._pending_weights = self._pending_weights, None
         if pending is None:
             return
+        if self.local is not None:
+            self._rebase(*pending)
+            return
         version = pending[0]
         if version < self.version:
             self.stats.server_rollbacks += 1
@@ -288,6 +328,67 @@ class Learner:
         if self._acc and version < self._acc_base:
             self._clear_accumulator()  # computed on weights the server no longer has
         self._load(*pending)
+        self.algo.on_weights(self.version)
+
+    @torch.no_grad()
+    def _rebase(self, version: int, weights: dict, anchor_seq: int | None = -1) -> None:
+        """apply_locally: replica = the server's ``weights`` at ``version`` + the changes of our
+        pushes not in them (module docstring). ``anchor_seq``: the push whose reply brought
+        them (the ones sent before it are in); -1: a pull, placed by versions alone; None:
+        a re-sync, which forgets every push in flight."""
+        if anchor_seq is None:
+            self._deltas.clear()
+            self._made.clear()
+            anchor_seq = self._seq
+        elif anchor_seq < 0:
+            anchor_seq = max((j for j, v in self._made.items() if v <= version), default=-1)
+        pending = [d for j, d in self._deltas
+                   if j > anchor_seq and (j not in self._made or self._made[j] > version)]
+        drift = 0.0
+        for name, p in self._params.items():
+            w = weights[name].to(self.device)
+            if self._deltas:
+                own = p.detach().clone()
+                for d in pending:
+                    if name in d:
+                        own.sub_(d[name])
+                drift = max(drift, float((own - w).abs().max()))
+            p.copy_(w)
+            for d in pending:
+                if name in d:
+                    p.add_(d[name])
+            self.local.params[name].copy_(p)
+        self.local.version = version + len(pending)
+        if version < self.version - len(pending):
+            self.stats.server_rollbacks += 1
+            log.warning("parameter server went back to version %d (restored a checkpoint?): "
+                        "re-based onto it", version)
+        self.version = self.local.version
+        while self._deltas and (self._deltas[0][0] <= anchor_seq
+                                or self._made.get(self._deltas[0][0], version + 1) <= version):
+            self._made.pop(self._deltas.popleft()[0], None)
+        for j in [j for j in self._made if j <= anchor_seq]:
+            del self._made[j]
+        self.stats.rebases += 1
+        self.stats.rebase_drift = max(self.stats.rebase_drift, drift)
+        self._pushes_since_rebase = 0
+        self.algo.on_weights(self.version)
+
+    @torch.no_grad()
+    def _apply_locally(self, msgs: list) -> None:
+        """The server's step for ``msgs`` on the replica (module docstring, "Apply locally")."""
+        grads = {m.name: decode(m, self.device) for m in msgs}
+        self.local.apply(self.local.version, grads,
+                         preconditioned={m.name for m in msgs if m.preconditioned})
+        delta = {}
+        for name in grads:
+            p, new = self._params[name], self.local.params[name]
+            delta[name] = new - p
+            p.copy_(new)
+        self._deltas.append((self._seq, delta))
+        if len(self._deltas) > 4 * self.window + 64:  # replies lost and no re-base for long
+            self._made.pop(self._deltas.popleft()[0], None)
+        self.version = self.local.version
         self.algo.on_weights(self.version)
 
     def _sync_weights(self) -> None:
@@ -319,7 +420,7 @@ class Learner:
 
     # -- pushes ----------------------------------------------------------------------------
 
-    def _on_push_done(self, fut, sent: float) -> None:
+    def _on_push_done(self, fut, sent: float, seq: int = 0) -> None:
         try:
             reply = fut.result()
             rtt_ms = (time.monotonic() - sent) * 1e3
@@ -327,6 +428,15 @@ class Learner:
             self.stats.push_rtt_ms += a * (rtt_ms - self.stats.push_rtt_ms)
             self.stats.pushes_applied += 1
             self._newest_seen = max(self._newest_seen, reply.version)
+            if self.local is not None:
+                self._made[seq] = reply.version
+                weights = reply_weights(reply, self.device) if reply.weights else None
+                if weights is not None:
+                    with self._pending_lock:
+                        pending = self._pending_weights
+                        if pending is None or pending[0] < reply.version:
+                            self._pending_weights = (reply.version, weights, seq)
+                return  # the replica moves with our own pushes; no pulls but re-syncs
             if self.lcfg.pull_lag_versions == 0:
                 return  # synchronous: the update loop pulls (``_sync_weights``)
             if reply.version - self.version < self.lcfg.pull_lag_versions:
@@ -372,6 +482,8 @@ class Learner:
             return True
         if self._weights_push is not None and not self._weights_push.done():
             return False
+        if self.local is not None:
+            return self._pushes_since_rebase + 1 >= lag
         made = max(self._newest_seen, self.version) + len(self._inflight) + 1
         return made - self.version >= lag
 
@@ -420,7 +532,12 @@ class Learner:
                                   timeout=self.lcfg.push_timeout_s, return_weights=ask)
         if ask:
             self._weights_push = fut
-        fut.add_done_callback(lambda f: self._on_push_done(f, sent))
+        self._seq += 1
+        seq = self._seq
+        if self.local is not None:
+            self._pushes_since_rebase += 1
+            self._apply_locally(msgs)
+        fut.add_done_callback(lambda f: self._on_push_done(f, sent, seq))
         self._inflight.append(fut)
         self.stats.pushes += 1
         self._batches_pushed += batches

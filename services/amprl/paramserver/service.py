@@ -24,7 +24,7 @@ from amprl.common import grpcutil
 from amprl.compression import decode, encode, payload_bytes
 from amprl.config import ExperimentConfig
 from amprl.errors import ConfigError, InvalidArgument, ResourceExhausted
-from amprl.paramserver.store import ParameterStore
+from amprl.paramserver.store import ParameterStore, build_store
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,9 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         result = store.apply(request.base_version, grads, learner_id=request.learner_id,
                              batch_size=request.batch_size,
                              wire_bytes=payload_bytes(request.gradients),
-                             snapshot=request.return_weights)
+                             snapshot=request.return_weights,
+                             preconditioned={msg.name for msg in request.gradients
+                                             if msg.preconditioned})
         reply = paramserver_pb2.PushGradientsResponse(
             version=result.version,
             disposition=(paramserver_pb2.PUSH_DISPOSITION_SCALED if result.scaled
@@ -268,20 +270,6 @@ class ParameterServer(NamedTuple):
         for event in stopping:
             event.wait()
 
-
-def build_store(cfg: ExperimentConfig, model: nn.Module, *,
-                live_window_s: float | None = None) -> ParameterStore:
-    """A store holding ``model``'s parameters with the run's optimizer and staleness rule.
-
-    ``live_window_s`` (default ``store.DEFAULT_LIVE_WINDOW_S``) is how recently a client
-    must have called to count as live in Info.
-    """
-    ps = cfg.paramserver
-    extra = {} if live_window_s is None else {"live_window_s": live_window_s}
-    return ParameterStore.from_model(model, lr=ps.lr, adam_eps=ps.adam_eps,
-                                     lr_final=ps.lr_final, lr_decay_versions=ps.lr_decay_versions,
-                                     max_staleness=ps.max_staleness,
-                                     staleness_scaling=ps.staleness_scaling, **extra)
 
 
 def create_server(cfg: ExperimentConfig, model: nn.Module | None = None, *,

@@ -13,12 +13,27 @@ computes a gradient on the weights of some ``base_version``; when the gradient a
                                     staleness_scaling is on (Zhang et al. 2016,
                                     "staleness-aware async SGD"), else as sent
 
-A ``base_version`` ahead of ``version`` (the server restarted from an older checkpoint) is
-rejected the same way, so the learner re-syncs to what the server really holds.
+A ``base_version`` ahead of ``version`` by at most ``max_staleness`` first waits up to
+``reorder_wait_s`` for the version to catch up: a learner that applies its pushes locally
+(``learner.apply_locally``) computes push k+1 on the version push k will make, and two
+pushes sent back to back can reach the store in either order (each call decodes on its
+own thread before taking the lock), so the store applies them in the order they were
+computed. A base still ahead after the wait, or further ahead (the server restarted from
+an older checkpoint), is rejected the same way, so the learner re-syncs to what the server
+really holds.
 
 A push may name a subset of the parameters (TD3 pushes critic-only gradients between
 actor updates): the absent parameters are not stepped and their Adam moments and step
 counts stay as they are (torch's Adam skips parameters whose ``.grad`` is None).
+
+Preconditioned gradients (``apply(..., preconditioned=names)``; learners send their 1-bit
+tensors so, see ``amprl.compression.ErrorFeedback``): the sender has already divided the
+gradient by the root of its own Adam second moment, so such a parameter takes Adam's step
+without the server's second moment, ``m <- b1 m + (1 - b1) u;  p <- p - lr m / (1 - b1^t)``,
+its momentum and step count kept apart from Adam's (``precond_avg``, ``precond_step`` in the
+optimizer state, checkpointed with it), so a run that changes encoding on resume mixes no
+units. The step is linear in u, which is what lets error feedback's deferred error arrive
+intact.
 
 Every push is validated in full (names, duplicates, shapes, dtypes, finiteness) before the
 store is touched: a bad push changes nothing but the ``pushes_rejected_invalid`` counter.
@@ -38,6 +53,7 @@ from torch import nn
 from amprl.errors import FailedPrecondition, InvalidArgument
 
 DEFAULT_LIVE_WINDOW_S = 60.0
+DEFAULT_REORDER_WAIT_S = 1.0
 """A client counts as live in Info if it called within this many seconds (or is watching)."""
 
 
@@ -92,7 +108,8 @@ class ParameterStore:
                  adam_eps: float = 1e-8, lr_final: float | None = None,
                  lr_decay_versions: int = 0, betas: tuple[float, float] = (0.9, 0.999),
                  max_staleness: int = 16, staleness_scaling: bool = False,
-                 live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu"):
+                 live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu",
+                 reorder_wait_s: float = DEFAULT_REORDER_WAIT_S):
         if not params:
             raise InvalidArgument("a parameter store needs at least one parameter")
         if max_staleness < 0:
@@ -112,6 +129,7 @@ class ParameterStore:
         self.max_staleness = int(max_staleness)
         self.staleness_scaling = bool(staleness_scaling)
         self.live_window_s = float(live_window_s)
+        self.reorder_wait_s = float(reorder_wait_s)
         self.version = 0
         self.checkpoint_version = 0
         self.counters = Counters()
@@ -154,10 +172,12 @@ class ParameterStore:
 
     def apply(self, base_version: int, grads: Mapping[str, torch.Tensor], *,
               learner_id: str = "", batch_size: int = 0, wire_bytes: int = 0,
-              snapshot: bool = False) -> ApplyResult:
+              snapshot: bool = False,
+              preconditioned: frozenset[str] | set[str] = frozenset()) -> ApplyResult:
         """Applies one gradient computed on ``base_version`` (see the module docstring);
         with ``snapshot`` the result also holds the weights the step made (copied under the
-        same lock, so no other push can slip in between).
+        same lock, so no other push can slip in between). ``preconditioned``: the names
+        whose gradients the sender already divided by its second moment (module docstring).
 
         Raises InvalidArgument (nothing changed but the counter) or FailedPrecondition with
         ``current_version`` when the gradient is too stale.
@@ -172,6 +192,10 @@ class ParameterStore:
             self.note_invalid_push()
             raise
         with self._lock:
+            ahead = int(base_version) - self.version
+            if 0 < ahead <= self.max_staleness:  # pushes computed in order, arriving out of it
+                self.changed.wait_for(lambda: self.version >= int(base_version) or self.closed,
+                                      timeout=self.reorder_wait_s)
             staleness = self.version - int(base_version)
             if staleness < 0 or staleness > self.max_staleness:
                 self.counters.pushes_rejected_stale += 1
@@ -185,15 +209,26 @@ class ParameterStore:
                     f"{self.version} (staleness {staleness} > max_staleness "
                     f"{self.max_staleness}); pull the current weights", current_version=self.version)
             scale = 1.0 / (1.0 + staleness) if self.staleness_scaling else 1.0
-            for name, g in grads.items():
-                g = g.to(self.device, torch.float32)
-                self.params[name].grad = g * scale if scale != 1.0 else g.clone()
             if self.lr_final is not None:
                 lr = self.lr_at(self.version)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-            self.optimizer.step()
+            momentum_only = []
+            for name, g in grads.items():
+                g = g.to(self.device, torch.float32)
+                g = g * scale if scale != 1.0 else g
+                p = self.params[name]
+                if name in preconditioned:
+                    momentum_only.append((p, g))
+                    continue
+                state = self.optimizer.state.get(p)
+                if state and "exp_avg" not in state:  # only preconditioned steps so far
+                    state.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                p.grad = g if scale != 1.0 else g.clone()
+            self.optimizer.step()  # skips the parameters without a .grad
             self.optimizer.zero_grad(set_to_none=True)
+            for p, g in momentum_only:
+                self._momentum_step(p, g)
             self.version += 1
             scaled = scale != 1.0
             if scaled:
@@ -207,6 +242,23 @@ class ParameterStore:
             self.changed.notify_all()
             weights = ({n: p.detach().clone() for n, p in self.params.items()} if snapshot else None)
             return ApplyResult(self.version, staleness, scale, scaled, weights)
+
+    @torch.no_grad()
+    def _momentum_step(self, p: nn.Parameter, u: torch.Tensor) -> None:
+        """Adam's step for a preconditioned gradient u (module docstring): bias-corrected
+        momentum times lr, no second moment."""
+        group = self.optimizer.param_groups[0]
+        beta1 = group["betas"][0]
+        state = self.optimizer.state[p]
+        if "precond_avg" not in state:
+            # Adam's own count stays (at 0 if it never stepped p): torch's Adam expects a
+            # "step" in every non-empty state (its __setstate__ reads it on a checkpoint load)
+            state.setdefault("step", torch.zeros(()))
+            state["precond_step"] = torch.zeros(())
+            state["precond_avg"] = torch.zeros_like(p)
+        state["precond_step"] += 1
+        m = state["precond_avg"].lerp_(u, 1.0 - beta1)
+        p.add_(m, alpha=-group["lr"] / (1.0 - beta1 ** float(state["precond_step"])))
 
     def lr_at(self, version: int) -> float:
         """The learning rate of the step that makes ``version + 1``: ``lr`` falling linearly to
@@ -357,3 +409,20 @@ def _clone_tensors(obj):
     if isinstance(obj, tuple):
         return tuple(_clone_tensors(v) for v in obj)
     return obj
+
+
+def build_store(cfg, model: nn.Module, *, live_window_s: float | None = None,
+                device: str | torch.device = "cpu") -> ParameterStore:
+    """A store holding ``model``'s parameters with the run's (an ExperimentConfig's)
+    optimizer and staleness rule: the parameter server's, and a learner's local copy of it
+    (``learner.apply_locally``).
+
+    ``live_window_s`` (default ``DEFAULT_LIVE_WINDOW_S``) is how recently a client must have
+    called to count as live in Info.
+    """
+    ps = cfg.paramserver
+    extra = {} if live_window_s is None else {"live_window_s": live_window_s}
+    return ParameterStore.from_model(model, lr=ps.lr, adam_eps=ps.adam_eps,
+                                     lr_final=ps.lr_final, lr_decay_versions=ps.lr_decay_versions,
+                                     max_staleness=ps.max_staleness,
+                                     staleness_scaling=ps.staleness_scaling, device=device, **extra)

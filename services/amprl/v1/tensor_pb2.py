@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61mprl/v1/tensor.proto\x12\x08\x61mprl.v1\"E\n\x06Tensor\x12\x1e\n\x05\x64type\x18\x01 \x01(\x0e\x32\x0f.amprl.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x87\x01\n\x10\x43ompressedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x08\x65ncoding\x18\x02 \x01(\x0e\x32\x12.amprl.v1.Encoding\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x0e\n\x06scales\x18\x06 \x01(\x0c*\xae\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x11\n\rDTYPE_FLOAT64\x10\x04\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x05\x12\x0f\n\x0b\x44TYPE_INT32\x10\x06\x12\x0f\n\x0b\x44TYPE_INT64\x10\x07\x12\x0e\n\nDTYPE_BOOL\x10\x08*s\n\x08\x45ncoding\x12\x18\n\x14\x45NCODING_UNSPECIFIED\x10\x00\x12\x11\n\rENCODING_FP32\x10\x01\x12\x11\n\rENCODING_FP16\x10\x02\x12\x11\n\rENCODING_BF16\x10\x03\x12\x14\n\x10\x45NCODING_ONE_BIT\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61mprl/v1/tensor.proto\x12\x08\x61mprl.v1\"E\n\x06Tensor\x12\x1e\n\x05\x64type\x18\x01 \x01(\x0e\x32\x0f.amprl.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x9f\x01\n\x10\x43ompressedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x08\x65ncoding\x18\x02 \x01(\x0e\x32\x12.amprl.v1.Encoding\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x0e\n\x06scales\x18\x06 \x01(\x0c\x12\x16\n\x0epreconditioned\x18\x07 \x01(\x08*\xae\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x11\n\rDTYPE_FLOAT64\x10\x04\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x05\x12\x0f\n\x0b\x44TYPE_INT32\x10\x06\x12\x0f\n\x0b\x44TYPE_INT64\x10\x07\x12\x0e\n\nDTYPE_BOOL\x10\x08*s\n\x08\x45ncoding\x12\x18\n\x14\x45NCODING_UNSPECIFIED\x10\x00\x12\x11\n\rENCODING_FP32\x10\x01\x12\x11\n\rENCODING_FP16\x10\x02\x12\x11\n\rENCODING_BF16\x10\x03\x12\x14\n\x10\x45NCODING_ONE_BIT\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'amprl.v1.tensor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=245
-  _globals['_DTYPE']._serialized_end=419
-  _globals['_ENCODING']._serialized_start=421
-  _globals['_ENCODING']._serialized_end=536
+  _globals['_DTYPE']._serialized_start=269
+  _globals['_DTYPE']._serialized_end=443
+  _globals['_ENCODING']._serialized_start=445
+  _globals['_ENCODING']._serialized_end=560
   _globals['_TENSOR']._serialized_start=35
   _globals['_TENSOR']._serialized_end=104
   _globals['_COMPRESSEDTENSOR']._serialized_start=107
-  _globals['_COMPRESSEDTENSOR']._serialized_end=242
+  _globals['_COMPRESSEDTENSOR']._serialized_end=266
 # @@protoc_insertion_point(module_scope)

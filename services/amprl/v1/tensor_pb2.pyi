@@ -154,6 +154,7 @@ class CompressedTensor(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     SCALES_FIELD_NUMBER: _builtins.int
+    PRECONDITIONED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Parameter name as in the model's state dict, e.g. "trunk.0.weight"."""
     encoding: Global___Encoding.ValueType
@@ -164,6 +165,13 @@ class CompressedTensor(_message.Message):
     """ENCODING_ONE_BIT only: elements per scale block, >= 1. The last block may be shorter."""
     scales: _builtins.bytes
     """ENCODING_ONE_BIT only: ceil(n / block_size) float32 scales, little-endian."""
+    preconditioned: _builtins.bool
+    """Gradients only. True: the sender already divided the gradient element-wise by the root
+    of its own running mean square (Adam's second moment, bias-corrected, + eps), so the
+    parameter server steps this parameter with bias-corrected momentum and its lr alone,
+    without a second moment of its own. Learners set it on their 1-bit tensors, where the
+    server could not estimate that second moment from sign bits and block scales.
+    """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Dimensions of the decoded tensor, outermost first."""
@@ -177,10 +185,11 @@ class CompressedTensor(_message.Message):
         data: _builtins.bytes = ...,
         block_size: _builtins.int = ...,
         scales: _builtins.bytes = ...,
+        preconditioned: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "data", b"data", "encoding", b"encoding", "name", b"name", "scales", b"scales", "shape", b"shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "data", b"data", "encoding", b"encoding", "name", b"name", "preconditioned", b"preconditioned", "scales", b"scales", "shape", b"shape"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from amprl.common.redis_server import EmbeddedRedis
+from amprl.compression import encode
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
 from amprl.learner.learner import Learner
@@ -123,3 +124,51 @@ def test_fp16_overflow_backs_off_the_loss_scale_and_skips_the_step(system):
     assert learner.stats.skipped_nonfinite == 1
     assert learner.precision.scale == 32768.0
     assert ps.info().version == version
+
+
+@pytest.mark.parametrize("encoding", ["fp32", "onebit"])
+def test_apply_locally_keeps_the_replica_on_the_servers_weights_with_a_wide_window(system, encoding):
+    """With apply_locally the learner steps its replica as the server will: with one
+    learner every push arrives at staleness 0 even with 8 pushes in flight, the re-bases
+    find (almost) nothing to correct, and at the end the replica is the server's weights."""
+    learner, _, ps = system("learner.apply_locally=true", "learner.max_pushes_in_flight=8",
+                            "learner.pull_lag_versions=4", f"learner.grad_encoding={encoding}",
+                            "paramserver.max_staleness=16")
+    learner.start()
+    _run_updates(learner, 40)
+    learner.stop()
+    info = ps.info()
+    assert info.version == learner.stats.pushes == 40 and learner.version == 40
+    assert info.max_staleness == 0 and info.pushes_applied == 40
+    assert learner.stats.rebases >= 2 and learner.stats.rebase_drift < 1e-5
+    version, weights = ps.pull(have_version=0)
+    assert version == 40
+    for name, p in learner.model.named_parameters():
+        torch.testing.assert_close(p.detach(), weights[name], rtol=0, atol=1e-5)
+
+
+def test_apply_locally_rebases_onto_pushes_from_another_learner(system):
+    """Another learner's push moves the server's weights: the next re-base folds that
+    change into the replica, keeping the replica's own pushes in flight on top."""
+    learner, _, ps = system("learner.apply_locally=true", "learner.max_pushes_in_flight=4",
+                            "learner.pull_lag_versions=1")
+    learner.start()
+    _run_updates(learner, 5)
+    learner._drain_pushes(0)
+    other = ParameterClient(ps.address, client_id="learner:other")
+    try:
+        shapes = {n: p.shape for n, p in learner.model.named_parameters()}
+        other.push(ps.info().version, [encode(n, torch.full(s, 1.0), "fp32") for n, s in shapes.items()])
+    finally:
+        other.close()
+    _run_updates(learner, 15)  # 10 more
+    learner.stop()
+    version, weights = ps.pull(have_version=0)
+    assert version == 16 and learner.version == 16
+    assert learner.stats.rebase_drift > 1e-4  # the foreign step was found and folded in
+    assert learner.stats.stale_rejections == 0 and learner.stats.resyncs == 0
+    # the replica carries the foreign step; what is left is the server's Adam moments
+    # (which saw the foreign gradient) stepping differently from the learner's copy since
+    # the last re-base: under a few steps of lr (1e-3)
+    for name, p in learner.model.named_parameters():
+        torch.testing.assert_close(p.detach(), weights[name], rtol=0, atol=5e-3)

@@ -156,6 +156,22 @@ def test_onebit_pushes_with_error_feedback_are_applied(start_server):
     assert 0 < info.gradient_bytes_received < 5 * 4 * info.num_parameters / 8
 
 
+def test_preconditioned_one_bit_tensors_take_the_momentum_step(start_server):
+    """Over gRPC: the tensors a learner sends 1-bit and preconditioned get the server's
+    momentum-only step, the small ones it sends dense get Adam's."""
+    ps, client = start_server()
+    ef = ErrorFeedback("onebit", block_size=64, min_elements=64, precondition=True)
+    g = torch.Generator().manual_seed(3)
+    for version in range(2):
+        msgs = ef.compress({n: torch.randn(s, generator=g) for n, s in ps.store.shapes.items()})
+        assert client.push(version, msgs, batch_size=32).version == version + 1
+    one_bit = {m.name for m in msgs if m.preconditioned}
+    assert one_bit and one_bit != set(ps.store.shapes)
+    for n, p in ps.store.params.items():
+        state = ps.store.optimizer.state[p]
+        assert ("precond_avg" in state) == (n in one_bit) and ("exp_avg_sq" in state) != (n in one_bit), n
+
+
 def test_subset_pushes_step_only_the_named_parameters(start_server):
     ps, client = start_server()
     client.push(0, fp32_grads(ps))

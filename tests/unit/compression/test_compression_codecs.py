@@ -174,6 +174,47 @@ def test_error_feedback_small_tensors_go_dense_with_zero_residual():
     assert [m.name for m in msgs] == ["w", "b"]
 
 
+def test_preconditioned_error_feedback_sends_the_gradient_over_its_own_rms():
+    """u = g / (sqrt(v / (1 - b2^t)) + eps) with v Adam's running mean of g^2 and t each
+    tensor's own step count, then plain error feedback on u; the 1-bit messages say so,
+    the dense ones (below min_elements) are the raw gradient."""
+    b2, eps = 0.999, 1e-3
+    ef = ErrorFeedback("onebit", block_size=16, min_elements=64, precondition=True, beta2=b2, eps=eps)
+    plain = ErrorFeedback("onebit", block_size=16, min_elements=64)
+    gen = torch.Generator().manual_seed(0)
+    v = {"w": torch.zeros(8, 20), "u": torch.zeros(100)}
+    t = {"w": 0, "u": 0}
+    for step in range(4):
+        # "u" sits out step 1, as TD3's actor does between critic steps
+        grads = {"w": torch.randn(8, 20, generator=gen) * (step + 1), "b": torch.randn(5, generator=gen)}
+        if step != 1:
+            grads["u"] = torch.randn(100, generator=gen)
+        expected = {}
+        for n, g in grads.items():
+            if n == "b":
+                continue
+            t[n] += 1
+            v[n] = b2 * v[n] + (1 - b2) * g * g
+            expected[n] = g / ((v[n] / (1 - b2 ** t[n])).sqrt() + eps)
+        msgs = {m.name: m for m in ef.compress(grads)}
+        ref = {m.name: m for m in plain.compress(expected)}
+        for n in expected:
+            assert msgs[n].preconditioned and msgs[n].encoding == tensor_pb2.ENCODING_ONE_BIT
+            torch.testing.assert_close(decode(msgs[n]), decode(ref[n]))
+        assert not msgs["b"].preconditioned and torch.equal(decode(msgs["b"]), grads["b"])
+    assert {n: s for n, (s, _) in ef.second_moments.items()} == {"w": 4, "u": 3}
+    ef.reset()
+    assert not ef.second_moments and not ef.residuals
+
+
+def test_only_onebit_is_preconditioned():
+    for encoding in ("fp32", "bf16", "fp16"):
+        ef = ErrorFeedback(encoding, min_elements=0, precondition=True)
+        (msg,) = ef.compress({"w": torch.full((100,), 3.0)})
+        assert not msg.preconditioned and not ef.second_moments
+        assert float(decode(msg)[0]) == 3.0
+
+
 def test_error_feedback_fp32_is_lossless_and_bf16_keeps_residuals():
     g = torch.randn(100, 30)
     ef = ErrorFeedback("fp32", min_elements=0)

@@ -123,6 +123,8 @@ def test_a_stale_rejection_resyncs_to_the_servers_weights_even_a_lower_version()
     learner.update(_batch(learner, 0))
     residuals = learner.compressor.residuals
     assert residuals and learner.compressor.residual_norm() > 0
+    moments = learner.compressor.second_moments  # onebit_precondition is on by default
+    assert learner.compressor.precondition and set(moments) == set(residuals)
     # the server restarted from an older checkpoint: version 3 with other weights
     ps.weights = {n: torch.full_like(w, 0.5) for n, w in ps.weights.items()}
     ps.version = 3
@@ -141,6 +143,7 @@ def test_a_stale_rejection_resyncs_to_the_servers_weights_even_a_lower_version()
     assert learner.version == 3 and learner.stats.server_rollbacks == 1 and learner.stats.resyncs == 1
     assert all(bool((p == 0.5).all()) for p in learner.model.parameters())
     assert learner.compressor.residuals is residuals and learner.compressor.residual_norm() > 0
+    assert learner.compressor.second_moments is moments and moments
 
 
 def test_a_failed_push_frees_its_slot_and_asks_for_a_resync():

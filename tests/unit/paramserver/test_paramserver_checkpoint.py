@@ -44,6 +44,20 @@ def test_resume_restores_weights_adam_state_and_version(tmp_path):
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 
+def test_resume_restores_the_momentum_of_preconditioned_steps(tmp_path):
+    store = ParameterStore.from_model(model(), lr=1e-2)
+    names = set(store.shapes)
+    for v in range(3):
+        store.apply(v, grads(store, v), preconditioned=names)
+    CheckpointManager(tmp_path).save(store)
+    fresh = ParameterStore.from_model(model(), lr=1e-2)
+    CheckpointManager(tmp_path).restore(fresh)
+    store.apply(3, grads(store, 42), preconditioned=names)
+    fresh.apply(3, grads(fresh, 42), preconditioned=names)
+    a, b = store.snapshot()[1], fresh.snapshot()[1]
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
 def test_resume_keeps_this_runs_learning_rate(tmp_path):
     CheckpointManager(tmp_path).save(trained_store(1))
     fresh = ParameterStore.from_model(model(), lr=5e-4)

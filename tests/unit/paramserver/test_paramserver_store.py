@@ -240,3 +240,70 @@ def test_wait_for_version_wakes_on_apply_and_on_close():
     assert seen == [1]
     store.close()
     assert store.wait_for_version(1, timeout=10) == 1  # returns at once once closed
+
+
+def test_preconditioned_gradients_take_a_momentum_step_without_a_second_moment():
+    """m <- b1 m + (1 - b1) u;  p <- p - lr m / (1 - b1^t), momentum and count kept apart
+    from Adam's; the parameters sent plain in the same push take Adam's step."""
+    store = ParameterStore.from_model(tiny_model(), lr=1e-2)
+    pre = {n for n in store.shapes if n.endswith("weight")}
+    m = {n: torch.zeros(s) for n, s in store.shapes.items()}
+    for step in range(3):
+        w0, u = weights(store), grads_for(store, seed=step)
+        store.apply(step, u, preconditioned=pre)
+        w1 = weights(store)
+        for n in pre:
+            m[n] = 0.9 * m[n] + 0.1 * u[n]
+            torch.testing.assert_close(w1[n], w0[n] - 1e-2 * m[n] / (1 - 0.9 ** (step + 1)))
+    for i, name in enumerate(store.shapes):  # state is keyed by parameter index
+        state = optimizer_state(store)[i]
+        if name in pre:
+            assert set(state) == {"step", "precond_step", "precond_avg"}
+            assert float(state["precond_step"]) == 3 and float(state["step"]) == 0
+        else:
+            assert "precond_avg" not in state and float(state["step"]) == 3
+
+
+def test_a_plain_gradient_after_preconditioned_ones_starts_adam_afresh():
+    """A run resumed with another encoding: Adam's moments start from zero for a parameter
+    that had only momentum steps (no KeyError, no stale count in the bias correction)."""
+    model = tiny_model()
+    store = ParameterStore.from_model(model, lr=1e-2)
+    store.apply(0, grads_for(store, seed=0), preconditioned=set(store.shapes))
+    ref = copy.deepcopy(tiny_model())
+    ref.load_state_dict({n: w for n, w in weights(store).items()})
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-8)
+    g = grads_for(store, seed=1)
+    store.apply(1, g)
+    for n, p in ref.named_parameters():
+        p.grad = g[n].clone()
+    opt.step()
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(weights(store)[n], p.detach())
+
+
+def test_momentum_steps_are_affine_in_the_gradient_and_adam_steps_are_not():
+    """What lets error feedback work through the optimizer: from one state, a momentum
+    step's weights are affine in the gradient, W(g1 + g2) + W(0) = W(g1) + W(g2), so what a
+    1-bit gradient gets wrong now and its residual brings later add up as the true gradients
+    would. Adam's steps (normalised by the gradient's own second moment) are not."""
+    base = ParameterStore.from_model(tiny_model(), lr=1e-2)
+    names = set(base.shapes)
+    for step in range(2):
+        base.apply(base.version, grads_for(base, seed=step), preconditioned=names)
+        base.apply(base.version, grads_for(base, seed=step + 10))
+    g1, g2 = grads_for(base, seed=5), grads_for(base, seed=6)
+    cases = {"g1": g1, "g2": g2, "sum": {n: g1[n] + g2[n] for n in names},
+             "zero": {n: torch.zeros_like(g1[n]) for n in names}}
+
+    def after(g, preconditioned):
+        s = ParameterStore.from_model(tiny_model(), lr=1e-2)
+        s.load_state_dict(base.state_dict())
+        s.apply(s.version, g, preconditioned=preconditioned)
+        return weights(s)
+
+    for preconditioned, affine in ((names, True), (set(), False)):
+        w = {k: after(g, preconditioned) for k, g in cases.items()}
+        gap = max(float((w["sum"][n] + w["zero"][n] - w["g1"][n] - w["g2"][n]).abs().max())
+                  for n in names)
+        assert (gap < 1e-6) == affine, (preconditioned, gap)
