@@ -13,10 +13,10 @@ within each repeat so that load drift on a shared machine hits them all alike; m
 Prints one JSON object: ``updates_per_s_{0,100,300}ms`` (batches trained per second),
 ``pushes_per_s_*`` (optimizer steps sent), ``versions_per_s_*`` (applied on the server),
 ``batches_per_push_*``, ``push_rtt_ms_*``, stale rejections, the window used, and
-``updates_ratio_300ms`` = updates/s at 300 ms / at 0 ms. With ``--baseline`` (default on)
-it also measures the same experiment with the plain bounded window of
-configs/cartpole-dqn.yaml (2 pushes in flight, no accumulation) at 0 and 300 ms, once
-each, for comparison.
+``updates_ratio_300ms`` = updates/s at 300 ms / at 0 ms, and the largest staleness the
+server accepted. With ``--baseline`` (default on) it also measures the same experiment
+with a plain bounded window (no ``apply_locally``, 2 pushes in flight, no accumulation) at
+0 and 300 ms, once each, for comparison.
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def main() -> int:
     cfg = load_config(args.config, args.overrides + fixed)
     # the same experiment with the plain bounded window of configs/cartpole-dqn.yaml
     base = load_config(args.config, args.overrides + fixed + [
-        "learner.max_pushes_in_flight=2", "learner.max_batches_per_push=1"])
+        "learner.apply_locally=false", "learner.max_pushes_in_flight=2",
+        "learner.max_batches_per_push=1", "learner.pull_lag_versions=1"])
     spec = env_spec(cfg.env)
     runs: dict[int, list[dict]] = {r: [] for r in RTTS_MS}
     baseline: dict[int, dict] = {}
@@ -154,6 +155,7 @@ def main() -> int:
                         for rtt in RTTS_MS:
                             runs[rtt].append(measure(cfg, spec, replay_addr, ps_port, info, rtt,
                                                      args.seconds, run_dir / "logs"))
+                    max_staleness_accepted = info.info().max_staleness
                     if args.baseline:
                         for rtt in (0, 300):
                             baseline[rtt] = measure(base, spec, replay_addr, ps_port, info, rtt,
@@ -166,6 +168,8 @@ def main() -> int:
                  "batch_size": cfg.learner.batch_size,
                  "window": runs[0][0]["window"], "max_batches_per_push": cfg.learner.max_batches_per_push,
                  "max_staleness": cfg.paramserver.max_staleness,
+                 "apply_locally": cfg.learner.apply_locally,
+                 "max_staleness_accepted": max_staleness_accepted,
                  "relay": "amprl.netsim.relay process on 127.0.0.1, RTT/2 each way (0 ms: same relay, no delay)",
                  "loadavg_1min_before_after": [round(load_before, 1), round(os.getloadavg()[0], 1)],
                  "cpus": os.cpu_count()}
