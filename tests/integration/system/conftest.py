@@ -184,25 +184,27 @@ class CpuLimit:
             self._slots[pid] = (start, start + share)
 
     def remove(self, pid: int) -> None:
+        # Under the lock: the slot thread signals only while holding it, so no SIGSTOP
+        # from an iteration that still saw this pid can land after the SIGCONT below
+        # (that race left a SIGTERMed actor stopped until the test SIGKILLed it).
         with self._lock:
             self._slots.pop(pid, None)
-        _signal(pid, signal.SIGCONT)
+            _signal(pid, signal.SIGCONT)
 
     def _run(self) -> None:
         running: set[int] = set()
         while not self._stop.is_set():
             phase = (time.monotonic() % self.period_s) / self.period_s
             with self._lock:
-                slots = dict(self._slots)
-            for pid, (start, end) in slots.items():
-                on = start <= phase < end or start <= phase + 1 < end
-                if on and pid not in running:
-                    _signal(pid, signal.SIGCONT)
-                    running.add(pid)
-                elif not on and pid in running:
-                    _signal(pid, signal.SIGSTOP)
-                    running.discard(pid)
-            running &= set(slots)
+                for pid, (start, end) in self._slots.items():
+                    on = start <= phase < end or start <= phase + 1 < end
+                    if on and pid not in running:
+                        _signal(pid, signal.SIGCONT)
+                        running.add(pid)
+                    elif not on and pid in running:
+                        _signal(pid, signal.SIGSTOP)
+                        running.discard(pid)
+                running &= set(self._slots)
             time.sleep(self.period_s / 50)
 
     def close(self) -> None:
@@ -210,8 +212,8 @@ class CpuLimit:
         self._thread.join(timeout=2)
         with self._lock:
             pids, self._slots = list(self._slots), {}
-        for pid in pids:
-            _signal(pid, signal.SIGCONT)
+            for pid in pids:
+                _signal(pid, signal.SIGCONT)
 
 
 def _signal(pid: int, sig: int) -> None:
