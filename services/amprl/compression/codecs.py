@@ -308,6 +308,10 @@ class ErrorFeedback:
         self.residuals: dict[str, torch.Tensor] = {}
         self.second_moments: dict[str, tuple[int, torch.Tensor]] = {}
         """name -> (steps, running mean of g^2) for preconditioned tensors."""
+        self.decoded: dict[str, torch.Tensor] = {}
+        """name -> D(C(e)) of the last ``compress``: exactly what ``decode`` of its messages
+        gives (float32, on the gradients' device), kept so that a sender that mirrors the
+        receiver's step (``learner.apply_locally``) need not decode its own messages."""
 
     def reset(self) -> None:
         """Forgets every residual and second moment."""
@@ -334,27 +338,31 @@ class ErrorFeedback:
     def _dense(self, numel: int) -> bool:
         return self.encoding_value == tensor_pb2.ENCODING_FP32 or numel < self.min_elements
 
-    def compress(self, grads: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
-                 ) -> list[tensor_pb2.CompressedTensor]:
+    def compress(self, grads: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                 *, known_finite: bool = False) -> list[tensor_pb2.CompressedTensor]:
         """Encodes one step's gradients (name -> tensor, any device) and updates residuals
         (and, with ``precondition``, second moments).
 
         Raises InvalidArgument, leaving every residual untouched, if any gradient holds NaN
         or Inf: such a step must be skipped, not folded into the residual forever.
+        ``known_finite``: the caller has checked that already (a learner's finite total
+        gradient norm), so the per-tensor check is skipped.
         """
         items = list(grads.items() if isinstance(grads, Mapping) else grads)
-        if items:
+        if items and not known_finite:
             # One device sync for the whole step, not one per tensor.
             ok = torch.stack([torch.isfinite(g.detach()).all() for _, g in items])
             if not bool(ok.all()):
                 bad = [name for (name, _), good in zip(items, ok.tolist()) if not good]
                 raise InvalidArgument(f"non-finite gradient in {', '.join(bad)}; step not encoded")
         out = []
+        self.decoded = decoded = {}
         for name, g in items:
             g = g.detach()
             if self._dense(g.numel()):
                 self.residuals.pop(name, None)
                 out.append(encode(name, g, "fp32"))
+                decoded[name] = g.to(torch.float32)
                 continue
             e = g.to(torch.float32)
             if self.precondition:
@@ -376,6 +384,7 @@ class ErrorFeedback:
                                                   shape=list(g.shape),
                                                   data=_to_bytes(lowp.reshape(-1).view(int_view)))
             self.residuals[name] = e - approx
+            decoded[name] = approx.view(g.shape)
             out.append(msg)
         return out
 

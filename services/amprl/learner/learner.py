@@ -90,7 +90,7 @@ import numpy as np
 import torch
 
 from amprl import errors
-from amprl.compression import ErrorFeedback, decode
+from amprl.compression import ErrorFeedback
 from amprl.config import ExperimentConfig
 from amprl.envs.spec import EnvSpec
 from amprl.learner.algos import make_algo
@@ -377,8 +377,9 @@ class Learner:
     @torch.no_grad()
     def _apply_locally(self, msgs: list) -> None:
         """The server's step for ``msgs`` on the replica (module docstring, "Apply locally")."""
-        grads = {m.name: decode(m, self.device) for m in msgs}
-        self.local.apply(self.local.version, grads,
+        # what the server will decode from msgs, kept by the compressor (no decode of our own bytes)
+        grads = {m.name: self.compressor.decoded[m.name].to(self.device) for m in msgs}
+        self.local.apply(self.local.version, grads, trusted=True,
                          preconditioned={m.name for m in msgs if m.preconditioned})
         delta = {}
         for name in grads:
@@ -523,7 +524,8 @@ class Learner:
 
     def _push(self, base_version: int, grads: dict[str, torch.Tensor], items: int,
               batches: int) -> None:
-        msgs = self.compressor.compress(grads)
+        # only called with the gradients of a finite total norm (``update``)
+        msgs = self.compressor.compress(grads, known_finite=True)
         self._drain_pushes(self.window - 1)  # blocks only when the window is full
         sent = time.monotonic()
         # the reply brings the new weights when the replica will want them (one round trip, not two)

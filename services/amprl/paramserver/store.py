@@ -119,10 +119,10 @@ class ParameterStore:
             name: nn.Parameter(t.detach().to(self.device, torch.float32).clone())
             for name, t in params.items()}
         self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
-        # foreach: one fused multi-tensor step instead of a Python loop over parameters
-        # (torch only defaults to it on CUDA); about halves the CPU cost of a push here.
-        self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr, betas=betas,
-                                          eps=adam_eps, foreach=True)
+        # fused: one kernel for the whole step (CPU and CUDA), 0.12 ms instead of foreach's
+        # 0.37 ms (and a Python loop's 0.29 ms) for the CartPole network here; it runs on
+        # the server for every push and on a learner with apply_locally for every update.
+        self.optimizer = _adam(list(self.params.values()), lr=lr, betas=betas, eps=adam_eps)
         self.lr = float(lr)
         self.lr_final = None if lr_final is None or lr_final < 0 or lr_decay_versions <= 0 else float(lr_final)
         self.lr_decay_versions = int(lr_decay_versions)
@@ -173,11 +173,14 @@ class ParameterStore:
     def apply(self, base_version: int, grads: Mapping[str, torch.Tensor], *,
               learner_id: str = "", batch_size: int = 0, wire_bytes: int = 0,
               snapshot: bool = False,
-              preconditioned: frozenset[str] | set[str] = frozenset()) -> ApplyResult:
+              preconditioned: frozenset[str] | set[str] = frozenset(),
+              trusted: bool = False) -> ApplyResult:
         """Applies one gradient computed on ``base_version`` (see the module docstring);
         with ``snapshot`` the result also holds the weights the step made (copied under the
         same lock, so no other push can slip in between). ``preconditioned``: the names
         whose gradients the sender already divided by its second moment (module docstring).
+        ``trusted``: the gradients come from this process and are known to be finite and
+        of the model's names and shapes (a learner's own replica), so validation is skipped.
 
         Raises InvalidArgument (nothing changed but the counter) or FailedPrecondition with
         ``current_version`` when the gradient is too stale.
@@ -187,7 +190,8 @@ class ParameterStore:
             if learner_id:
                 self._clients.learners_seen[learner_id] = time.monotonic()
         try:
-            self.validate(grads)
+            if not trusted:
+                self.validate(grads)
         except InvalidArgument:
             self.note_invalid_push()
             raise
@@ -253,7 +257,8 @@ class ParameterStore:
         if "precond_avg" not in state:
             # Adam's own count stays (at 0 if it never stepped p): torch's Adam expects a
             # "step" in every non-empty state (its __setstate__ reads it on a checkpoint load)
-            state.setdefault("step", torch.zeros(()))
+            # (fused Adam keeps it on the parameter's device)
+            state.setdefault("step", torch.zeros((), device=p.device if group.get("fused") else "cpu"))
             state["precond_step"] = torch.zeros(())
             state["precond_avg"] = torch.zeros_like(p)
         state["precond_step"] += 1
@@ -409,6 +414,14 @@ def _clone_tensors(obj):
     if isinstance(obj, tuple):
         return tuple(_clone_tensors(v) for v in obj)
     return obj
+
+
+def _adam(params: list[torch.Tensor], **kw) -> torch.optim.Adam:
+    """Fused Adam where the device has the kernel, else the multi-tensor (foreach) one."""
+    try:
+        return torch.optim.Adam(params, fused=True, **kw)
+    except (RuntimeError, ValueError):
+        return torch.optim.Adam(params, foreach=True, **kw)
 
 
 def build_store(cfg, model: nn.Module, *, live_window_s: float | None = None,

@@ -215,6 +215,20 @@ def test_only_onebit_is_preconditioned():
         assert float(decode(msg)[0]) == 3.0
 
 
+@pytest.mark.parametrize("encoding", ["fp32", "bf16", "fp16", "onebit"])
+@pytest.mark.parametrize("precondition", [False, True])
+def test_error_feedback_keeps_exactly_what_the_receiver_decodes(encoding, precondition):
+    ef = ErrorFeedback(encoding, block_size=64, min_elements=50, precondition=precondition)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(3):  # residuals and second moments in play after the first
+        grads = {"w": torch.randn(33, 17, generator=gen), "b": torch.randn(17, generator=gen)}
+        msgs = ef.compress(grads)
+        assert set(ef.decoded) == {"w", "b"}
+        for m in msgs:
+            assert ef.decoded[m.name].dtype == torch.float32
+            assert torch.equal(ef.decoded[m.name], decode(m)), (step, m.name)
+
+
 def test_error_feedback_fp32_is_lossless_and_bf16_keeps_residuals():
     g = torch.randn(100, 30)
     ef = ErrorFeedback("fp32", min_elements=0)
