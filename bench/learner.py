@@ -2,9 +2,11 @@
 
     python bench/learner.py [--seconds 8] [--repeats 3]
 
-For each case (CartPole DQN; a larger MLP Q-network 256x256 at batch 256) and precision
-(fp32, bf16) it measures, in one run:
-  * ``plain_torch_updates_per_s``: forward, backward, clip and Adam step on one batch in a loop;
+For each case (CartPole DQN; a larger MLP Q-network 256x256 at batch 256; TD3 for
+HalfCheetah-v5 at batch 256: actor and twin critics 256x256, critic loss every update, actor
+loss and Polyak targets every 2nd) and precision (fp32, bf16) it measures, in one run:
+  * ``plain_torch_updates_per_s``: forward, backward, clip, Adam step and target update on
+    one batch in a loop;
   * ``updates_per_s``: the real Learner — batches from its prefetch queue (sampled from a live
     replay service), gradients pushed to a live parameter server (separate processes), new
     weights pulled back in the background;
@@ -46,9 +48,10 @@ from amprl.rl.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CASES = {
-    "cartpole": ["learner.batch_size=128", "network.hidden_sizes=[128, 128]"],
-    "mlp256": ["learner.batch_size=256", "network.hidden_sizes=[256, 256]"],
+CASES = {  # name -> (experiment, overrides)
+    "cartpole": ("configs/cartpole-dqn.yaml", ["learner.batch_size=128", "network.hidden_sizes=[128, 128]"]),
+    "mlp256": ("configs/cartpole-dqn.yaml", ["learner.batch_size=256", "network.hidden_sizes=[256, 256]"]),
+    "td3": ("configs/halfcheetah-td3.yaml", ["learner.batch_size=256", "network.hidden_sizes=[256, 256]"]),
 }
 
 # The learner's throughput path: pushes overlapped with updates (a window of 2, pulls in the
@@ -73,6 +76,7 @@ def plain_loop(cfg, spec, sampled, seconds: float) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.learner.grad_clip_norm)
         opt.step()
         n += 1
+        algo.on_weights(n)  # target network: DQN's periodic copy, TD3's Polyak step
     return n / (time.perf_counter() - t0)
 
 
@@ -126,9 +130,9 @@ def main() -> int:
         tmp = Path(tmp)
         with EmbeddedRedis(tmp / "redis") as redis:
             for case in args.cases.split(","):
-                overrides = CASES[case]
+                experiment, overrides = CASES[case]
                 for precision in args.precisions.split(","):
-                    cfg = load_config(ROOT / "configs/cartpole-dqn.yaml", overrides + OVERLAPPED + [
+                    cfg = load_config(ROOT / experiment, overrides + OVERLAPPED + [
                         f"learner.precision={precision}", "replay.samples_per_insert=0",
                         "replay.min_size_to_sample=1000", "paramserver.checkpoint_interval_s=0"] + args.overrides)
                     spec = env_spec(cfg.env)

@@ -460,14 +460,15 @@ class Learner:
 
     def _offer_weights(self, reply) -> bool:
         """Makes the weights a push reply carries the pending swap unless newer ones are
-        already pending (replies can complete out of order); True if the replica will be at
-        least that recent, so no pull is needed."""
+        already pending or loaded (replies and pulls can complete out of order: an older
+        reply is not a server rollback); True if the replica will be at least that recent,
+        so no pull is needed."""
         weights = reply_weights(reply, self.device)
         if weights is None:
             return False
         with self._pending_lock:
             pending = self._pending_weights
-            if pending is None or pending[0] < reply.version:
+            if reply.version > max(self.version, pending[0] if pending else 0):
                 self._pending_weights = (reply.version, weights)
         return True
 

@@ -39,12 +39,18 @@ def make_chunk(spec: EnvSpec, t: int, *, n_step: int = 3, seed: int = 0, reward_
 def fill_replay(client, spec: EnvSpec, n: int, rng: np.random.Generator, *, chunk: int = 500,
                 actor_id: str = "bench-filler") -> None:
     """Inserts ``n`` random vector-observation transitions (3-step, discount 0.97) in chunks
-    of ``chunk``: a table for learner benchmarks to sample from."""
+    of ``chunk``: a table for learner benchmarks to sample from. Actions: indices for a
+    discrete spec, uniform within the bounds for a continuous one."""
     items = []
     for _ in range(n // chunk):
         frames = rng.standard_normal((chunk + 3, *spec.frame_shape)).astype(np.float32)
         idx = np.arange(chunk, dtype=np.int32)[:, None]
-        c = Chunk(frames, idx, idx + 3, rng.integers(spec.num_actions, size=chunk).astype(np.int64),
+        if spec.discrete:
+            actions = rng.integers(spec.num_actions, size=chunk).astype(np.int64)
+        else:
+            actions = rng.uniform(spec.action_low, spec.action_high,
+                                  (chunk, spec.action_dim)).astype(np.float32)
+        c = Chunk(frames, idx, idx + 3, actions,
                   rng.standard_normal(chunk).astype(np.float32), np.full(chunk, 0.97, np.float32))
         items.append((c, rng.random(chunk).astype(np.float32) + 0.1, chunk))
     client.insert(actor_id, items, timeout=60)

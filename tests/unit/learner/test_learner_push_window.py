@@ -253,6 +253,19 @@ def test_a_pull_older_than_the_weights_a_reply_brought_is_not_swapped_in():
     assert learner.version == 8 and learner.stats.server_rollbacks == 0
 
 
+def test_a_reply_older_than_the_loaded_weights_is_neither_swapped_in_nor_a_rollback():
+    learner, ps = _learner("learner.pull_lag_versions=1", "learner.max_pushes_in_flight=2")
+    learner.version = 9  # a pull brought version 9 before the reply of the push that made 8
+
+    class Reply:
+        version = 8
+        weights = [encode(n, w, "fp32") for n, w in ps.weights.items()]
+    assert learner._offer_weights(Reply())  # no pull needed: the replica is newer
+    assert learner._pending_weights is None
+    learner._swap_in_new_weights()
+    assert learner.version == 9 and learner.stats.server_rollbacks == 0
+
+
 @pytest.mark.parametrize("override, key", [("learner.max_batches_per_push=0", "learner.max_batches_per_push"),
                                            ("learner.max_pushes_in_flight=-1", "learner.max_pushes_in_flight"),
                                            ("learner.push_timeout_s=0", "learner.push_timeout_s"),
