@@ -463,12 +463,20 @@ class Learner:
         already pending or loaded (replies and pulls can complete out of order: an older
         reply is not a server rollback); True if the replica will be at least that recent,
         so no pull is needed."""
+        def newer() -> bool:
+            pending = self._pending_weights
+            return reply.version > max(self.version, pending[0] if pending else 0)
+
+        if not reply.weights:
+            return False
+        with self._pending_lock:
+            if not newer():
+                return True  # don't decode weights that would be dropped
         weights = reply_weights(reply, self.device)
         if weights is None:
             return False
         with self._pending_lock:
-            pending = self._pending_weights
-            if reply.version > max(self.version, pending[0] if pending else 0):
+            if newer():
                 self._pending_weights = (reply.version, weights)
         return True
 
