@@ -173,6 +173,10 @@ class Learner:
         self._inflight: collections.deque = collections.deque()
         self._pending_weights: tuple[int, dict] | None = None
         self._pending_lock = threading.Lock()
+        # the server version of the last weights the update loop took from _pending_weights:
+        # set under the lock when taken, so a reply offered while they are being copied in
+        # (self.version not yet updated) is compared with them, not with the older replica
+        self._taken_version = 0
         self._want_pull = threading.Event()
         self._resync = threading.Event()  # the next pull fetches the full current weights
         self._newest_seen = 0
@@ -272,9 +276,7 @@ class Learner:
                 # it whatever its version (see "Re-sync" in the docstring). Otherwise a push
                 # reply may have brought newer weights meanwhile: keep those.
                 with self._pending_lock:
-                    pending = self._pending_weights
-                    newest = max(self.version, pending[0] if pending else 0)
-                    if resync or version > newest:
+                    if resync or version > self._newest_held():
                         # apply_locally: a re-sync forgets the pushes in flight (None),
                         # a plain pull is placed by versions (-1)
                         self._pending_weights = ((version, weights, None if resync else -1)
@@ -312,9 +314,17 @@ class Learner:
             self._params[name].copy_(value.to(self.device, non_blocking=True))
         self.version = version
 
+    def _newest_held(self) -> int:
+        """The newest server version the replica has, is loading or has pending (call with
+        ``_pending_lock`` held)."""
+        pending = self._pending_weights
+        return max(self.version, self._taken_version, pending[0] if pending else 0)
+
     def _swap_in_new_weights(self) -> None:
         with self._pending_lock:
             pending, self._pending_weights = self._pending_weights, None
+            if pending is not None:
+                self._taken_version = pending[0]
         if pending is None:
             return
         if self.local is not None:
@@ -435,7 +445,8 @@ class Learner:
                 if weights is not None:
                     with self._pending_lock:
                         pending = self._pending_weights
-                        if pending is None or pending[0] < reply.version:
+                        if (reply.version > self._taken_version
+                                and (pending is None or pending[0] < reply.version)):
                             self._pending_weights = (reply.version, weights, seq)
                 return  # the replica moves with our own pushes; no pulls but re-syncs
             if self.lcfg.pull_lag_versions == 0:
@@ -464,8 +475,7 @@ class Learner:
         reply is not a server rollback); True if the replica will be at least that recent,
         so no pull is needed."""
         def newer() -> bool:
-            pending = self._pending_weights
-            return reply.version > max(self.version, pending[0] if pending else 0)
+            return reply.version > self._newest_held()
 
         if not reply.weights:
             return False

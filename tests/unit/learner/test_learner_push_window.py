@@ -266,6 +266,30 @@ def test_a_reply_older_than_the_loaded_weights_is_neither_swapped_in_nor_a_rollb
     assert learner.version == 9 and learner.stats.server_rollbacks == 0
 
 
+def test_a_reply_offered_while_newer_weights_are_being_loaded_is_not_a_rollback():
+    """The update loop has taken version 10 from the pending slot but not yet set its
+    version (it is copying the weights in) when a callback offers the reply that made 8."""
+    learner, ps = _learner("learner.pull_lag_versions=1", "learner.max_pushes_in_flight=2")
+    weights = {n: w.clone() for n, w in ps.weights.items()}
+    learner._pending_weights = (10, weights)
+
+    class Reply:
+        version = 8
+        weights = [encode(n, w, "fp32") for n, w in ps.weights.items()]
+    load = learner._load
+    offered = []
+
+    def load_while_a_reply_arrives(version, w):
+        offered.append(learner._offer_weights(Reply()))  # self.version is still 7 here
+        load(version, w)
+    learner._load = load_while_a_reply_arrives
+    learner._swap_in_new_weights()
+    assert offered == [True] and learner.version == 10
+    assert learner._pending_weights is None  # the older reply was not queued behind them
+    learner._swap_in_new_weights()
+    assert learner.version == 10 and learner.stats.server_rollbacks == 0
+
+
 @pytest.mark.parametrize("override, key", [("learner.max_batches_per_push=0", "learner.max_batches_per_push"),
                                            ("learner.max_pushes_in_flight=-1", "learner.max_pushes_in_flight"),
                                            ("learner.push_timeout_s=0", "learner.push_timeout_s"),
