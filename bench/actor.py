@@ -1,6 +1,7 @@
 """Actor speed next to the simulator's: env steps/s of the real actor vs a bare env loop.
 
     python bench/actor.py [--seconds 6] [--repeats 3] [--envs cartpole,pong,halfcheetah]
+                          [--set key=value ...]   (config overrides for every env measured)
 
 For each environment, on one CPU core (this process is pinned to one core while it measures;
 replay, parameter server and Redis run as their own processes, started before pinning):
@@ -101,9 +102,10 @@ def actor_rates(actor: Actor, seconds: float, repeats: int) -> list[float]:
         thread.join()
 
 
-def bench_env(name: str, tmp: Path, redis_url: str, seconds: float, repeats: int, core: set[int]) -> dict:
+def bench_env(name: str, tmp: Path, redis_url: str, seconds: float, repeats: int, core: set[int],
+              extra: list[str]) -> dict:
     path, overrides = CASES[name]
-    cfg = load_config(ROOT / path, overrides + COMMON)
+    cfg = load_config(ROOT / path, overrides + COMMON + extra)
     # Throughput with the rate limiter off: up to 4 chunks in flight, so building the next
     # chunk overlaps inserting the last (a training run's bound is the config's, kept low
     # for fresh data; a single 1,024-transition chunk over a 256 bound serialises them).
@@ -149,17 +151,19 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--envs", default="cartpole,pong,halfcheetah")
     p.add_argument("--out", default="", help="also write the JSON here")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every env measured (after the case's own)")
     args = p.parse_args()
     torch.set_num_threads(1)
     core = {min(os.sched_getaffinity(0))}
     results: dict = {"seconds_per_measurement": args.seconds, "repeats": args.repeats,
                      "core": sorted(core), "cpus": os.cpu_count(),
-                     "load_average_1min_at_start": round(os.getloadavg()[0], 2)}
+                     "load_average_1min_at_start": round(os.getloadavg()[0], 2), "overrides": args.overrides}
     with tempfile.TemporaryDirectory(prefix="amprl-bench-actor-") as tmp:
         tmp = Path(tmp)
         with EmbeddedRedis(tmp / "redis") as redis:
             for name in args.envs.split(","):
-                results.update(bench_env(name, tmp, redis.url, args.seconds, args.repeats, core))
+                results.update(bench_env(name, tmp, redis.url, args.seconds, args.repeats, core, args.overrides))
     results["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
     line = json.dumps(results)
     print(line)
