@@ -10,10 +10,11 @@ from amprl.compression.codecs import (
     encode,
     encoding_name,
     encoding_value,
+    nonfinite,
     payload_bytes,
 )
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "DEFAULT_MIN_ELEMENTS", "ENCODINGS", "ErrorFeedback", "decode",
-    "encode", "encoding_name", "encoding_value", "payload_bytes",
+    "encode", "encoding_name", "encoding_value", "nonfinite", "payload_bytes",
 ]

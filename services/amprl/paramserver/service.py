@@ -99,7 +99,8 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
                 if tuple(msg.shape) != expected:
                     raise InvalidArgument(f"{name}: gradient shape {list(msg.shape)} differs from "
                                           f"the parameter's {list(expected)}")
-                grads[name] = decode(msg, device=store.device)
+                # NaN/Inf are found by store.apply's validation, one check for the whole push
+                grads[name] = decode(msg, device=store.device, finite=False)
         except InvalidArgument:
             store.note_invalid_push()
             raise

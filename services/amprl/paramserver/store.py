@@ -50,6 +50,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from amprl.compression import nonfinite
 from amprl.errors import FailedPrecondition, InvalidArgument
 
 DEFAULT_LIVE_WINDOW_S = 60.0
@@ -164,9 +165,9 @@ class ParameterStore:
             if tuple(g.shape) != self.shapes[name]:
                 raise InvalidArgument(f"{name}: gradient shape {list(g.shape)} differs from the "
                                       f"parameter's {list(self.shapes[name])}")
-        finite = torch.stack([torch.isfinite(g).all() for g in grads.values()])
-        if not bool(finite.all()):
-            bad = [n for n, ok in zip(grads, finite.tolist()) if not ok]
+        names = list(grads)
+        bad = [names[i] for i in nonfinite(list(grads.values()))]
+        if bad:
             raise InvalidArgument(f"{bad[0]}: gradient contains NaN or infinite values"
                                   + (f" (also {', '.join(bad[1:4])})" if len(bad) > 1 else ""))
 

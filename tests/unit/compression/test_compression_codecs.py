@@ -259,3 +259,18 @@ def test_error_feedback_runs_on_the_gradients_device():
     (msg,) = ef.compress({"w": g})
     assert ef.residuals["w"].device.type == "cuda"
     assert torch.allclose(decode(msg, device="cuda") + ef.residuals["w"], g, atol=1e-5)
+
+
+def test_nonfinite_names_each_tensor_with_a_nan_or_an_infinity_and_no_other():
+    from amprl.compression import nonfinite
+    clean = [torch.randn(256, 256), torch.randn(7), torch.zeros(0), torch.randn(3).to(torch.bfloat16)]
+    assert nonfinite(clean) == []
+    assert nonfinite([]) == []
+    bad = [t.clone() for t in clean]
+    bad[0][17, 3] = float("nan")
+    bad[1][6] = float("-inf")
+    bad[3][0] = float("inf")
+    assert nonfinite(bad) == [0, 1, 3]
+    # values so large that their L2 norm overflows float32 are still finite
+    huge = [torch.full((1000,), 3e38), torch.tensor([float("nan"), 3e38])]
+    assert nonfinite(huge) == [1]
