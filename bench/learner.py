@@ -8,8 +8,12 @@ loss and Polyak targets every 2nd) and precision (fp32, bf16) it measures, in on
   * ``plain_torch_updates_per_s``: forward, backward, clip, Adam step and target update on
     one batch in a loop;
   * ``updates_per_s``: the real Learner — batches from its prefetch queue (sampled from a live
-    replay service), gradients pushed to a live parameter server (separate processes), new
-    weights pulled back in the background;
+    replay service), gradients pushed to a live parameter server (separate processes), with
+    the experiment config's own push settings: the DQN cases as cartpole-dqn.yaml (one push
+    in flight, applied to the learner's replica too, ``apply_locally``: the learner runs the
+    same Adam step as the plain loop and re-bases onto the server's weights every 64
+    pushes), TD3 as halfcheetah-td3.yaml (two pushes in flight, new weights pulled back in
+    the background);
 and prints one JSON object with the medians over ``--repeats`` and ``updates_ratio_vs_plain``.
 
 ``--pin`` gives the learner (and the plain loop) CPU 0 and moves replay, the parameter
@@ -54,10 +58,6 @@ CASES = {  # name -> (experiment, overrides)
     "td3": ("configs/halfcheetah-td3.yaml", ["learner.batch_size=256", "network.hidden_sizes=[256, 256]"]),
 }
 
-# The learner's throughput path: pushes overlapped with updates (a window of 2, pulls in the
-# background). cartpole-dqn.yaml itself runs synchronously (pull_lag_versions 0), which
-# trades ~35% of the update rate for fresh gradients; measure it with --set.
-OVERLAPPED = ["learner.max_pushes_in_flight=2", "learner.pull_lag_versions=1"]
 
 
 def plain_loop(cfg, spec, sampled, seconds: float) -> float:
@@ -132,7 +132,7 @@ def main() -> int:
             for case in args.cases.split(","):
                 experiment, overrides = CASES[case]
                 for precision in args.precisions.split(","):
-                    cfg = load_config(ROOT / experiment, overrides + OVERLAPPED + [
+                    cfg = load_config(ROOT / experiment, overrides + [
                         f"learner.precision={precision}", "replay.samples_per_insert=0",
                         "replay.min_size_to_sample=1000", "paramserver.checkpoint_interval_s=0"] + args.overrides)
                     spec = env_spec(cfg.env)
