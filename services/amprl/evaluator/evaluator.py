@@ -88,6 +88,9 @@ class Evaluator:
     def evaluate_once(self) -> telemetry_pb2.Evaluation | None:
         if not self._pull() and self.evaluations:
             return None  # nothing new to evaluate
+        # the policy's moment: its version, the env steps and the wall time are all taken
+        # when its weights were pulled, not after its episodes ran
+        wall, unix = time.monotonic() - self.t0, time.time()
         env_steps = 0
         if self.replay is not None:
             try:
@@ -101,7 +104,7 @@ class Evaluator:
         ev = telemetry_pb2.Evaluation(
             param_version=self.version, mean_return=float(np.mean(returns)),
             std_return=float(np.std(returns)), episodes=len(returns), env_steps=env_steps,
-            wall_seconds=time.monotonic() - self.t0, unix_time=time.time())
+            wall_seconds=wall, unix_time=unix)
         with self._lock:
             self.evaluations.append(ev)
         if self.history_path is not None:
