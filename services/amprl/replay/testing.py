@@ -16,6 +16,16 @@ def atari_spec(size: int = 84) -> EnvSpec:
     return EnvSpec((size, size), np.dtype(np.uint8), 4, True, num_actions=6)
 
 
+def random_actions(spec: EnvSpec, rng: np.random.Generator, t: int) -> np.ndarray:
+    """``t`` uniform random actions: int64 indices for a discrete spec, float32 rows within
+    the spec's bounds ([-1, 1] where it has none) for a continuous one."""
+    if spec.discrete:
+        return rng.integers(max(spec.num_actions, 1), size=t).astype(np.int64)
+    low = np.asarray(spec.action_low) if spec.action_low else -1.0
+    high = np.asarray(spec.action_high) if spec.action_high else 1.0
+    return rng.uniform(low, high, (t, spec.action_dim)).astype(np.float32)
+
+
 def make_chunk(spec: EnvSpec, t: int, *, n_step: int = 3, seed: int = 0, reward_base: float = 0.0) -> Chunk:
     """T consecutive transitions: obs t = frames[t .. t+stack-1], next = obs + n_step;
     rewards are reward_base + 0..T-1 so each transition is identifiable."""
@@ -27,11 +37,7 @@ def make_chunk(spec: EnvSpec, t: int, *, n_step: int = 3, seed: int = 0, reward_
     else:
         frames = rng.standard_normal((f, *spec.frame_shape)).astype(spec.frame_dtype)
     obs = (np.arange(t)[:, None] + np.arange(stack)[None, :]).astype(np.int32)
-    if spec.discrete:
-        actions = rng.integers(0, max(spec.num_actions, 1), t).astype(np.int64)
-    else:
-        actions = rng.uniform(-1, 1, (t, spec.action_dim)).astype(np.float32)
-    return Chunk(frames, obs, obs + n_step, actions,
+    return Chunk(frames, obs, obs + n_step, random_actions(spec, rng, t),
                  (reward_base + np.arange(t)).astype(np.float32),
                  np.full(t, 0.97, np.float32))
 
@@ -45,12 +51,7 @@ def fill_replay(client, spec: EnvSpec, n: int, rng: np.random.Generator, *, chun
     for _ in range(n // chunk):
         frames = rng.standard_normal((chunk + 3, *spec.frame_shape)).astype(np.float32)
         idx = np.arange(chunk, dtype=np.int32)[:, None]
-        if spec.discrete:
-            actions = rng.integers(spec.num_actions, size=chunk).astype(np.int64)
-        else:
-            actions = rng.uniform(spec.action_low, spec.action_high,
-                                  (chunk, spec.action_dim)).astype(np.float32)
-        c = Chunk(frames, idx, idx + 3, actions,
+        c = Chunk(frames, idx, idx + 3, random_actions(spec, rng, chunk),
                   rng.standard_normal(chunk).astype(np.float32), np.full(chunk, 0.97, np.float32))
         items.append((c, rng.random(chunk).astype(np.float32) + 0.1, chunk))
     client.insert(actor_id, items, timeout=60)
