@@ -12,7 +12,7 @@ loss and Polyak targets every 2nd) and precision (fp32, bf16) it measures, in on
     the experiment config's own push settings: the DQN cases as cartpole-dqn.yaml (one push
     in flight, applied to the learner's replica too, ``apply_locally``: the learner runs the
     same Adam step as the plain loop and re-bases onto the server's weights every 64
-    pushes), TD3 as halfcheetah-td3.yaml (two pushes in flight, new weights pulled back in
+    pushes; 4 steps per call with bf16 gradients), TD3 as halfcheetah-td3.yaml (two pushes in flight, new weights pulled back in
     the background);
 and prints one JSON object with the medians over ``--repeats`` and ``updates_ratio_vs_plain``.
 

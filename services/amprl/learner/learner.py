@@ -63,6 +63,14 @@ Hence:
   (0.0 with one fp32 CPU learner: the two stores compute the same steps). A push whose
   reply comes back without weights (a model over one message) leaves the replica on its
   own steps until a re-sync. Needs ``pull_lag_versions`` >= 1.
+* **Several steps per call** (``learner.steps_per_push``, apply_locally only). Since the
+  replica already holds each step, consecutive steps can travel together: K steps in one
+  PushGradients call (``more_steps``), step i computed on base_version + i, applied by the
+  server back to back, one version each -- the same optimizer steps in the same order, with
+  the call's fixed cost (gRPC on both sides, request handling) shared by K. The server's
+  weights trail the replica by up to K - 1 steps; held-back steps are sent when the
+  prefetch queue is empty and at ``stop``. A re-sync drops the held-back steps (they were
+  computed on weights the server never had).
 * **Deadlines.** Every push has ``learner.push_timeout_s`` (including waiting for a lost
   connection to come back), pulls 30 s, samples 2 s; keepalive pings (grpcutil) detect a
   dead peer. A push is never resent: it may have been applied before the reply was lost.
@@ -119,6 +127,8 @@ class LearnerStats:
     priority_updates: int = 0
     pushes: int = 0
     """Pushes sent (each one optimizer step on the server once applied)."""
+    push_calls: int = 0
+    """PushGradients calls (fewer than pushes with ``learner.steps_per_push`` > 1)."""
     pushes_applied: int = 0
     batches_per_push: float = 1.0
     """Mean batches averaged into one push (> 1 while the window is full: see the rule)."""
@@ -167,6 +177,8 @@ class Learner:
         # the version each push's reply reported (seq -> version)
         self.local = build_store(cfg, self.model, device=self.device) if self.lcfg.apply_locally else None
         self._seq = 0
+        self._unsent: list = []  # apply_locally: steps applied locally, not yet pushed
+        self._unsent_base = 0
         self._deltas: collections.deque = collections.deque()
         self._made: dict[int, int] = {}
         self._pushes_since_rebase = 0
@@ -299,8 +311,9 @@ class Learner:
             self._threads.append(t)
 
     def stop(self) -> None:
-        """Waits for the pushes in flight (a partly accumulated push is dropped: less than
-        one optimizer step), then stops the threads."""
+        """Sends the steps not yet pushed and waits for the pushes in flight (a partly
+        accumulated push is dropped: less than one optimizer step), then stops the threads."""
+        self._send_unsent()
         self._drain_pushes(0)
         self._stop.set()
         for t in self._threads:
@@ -349,6 +362,7 @@ class Learner:
         if anchor_seq is None:
             self._deltas.clear()
             self._made.clear()
+            self._unsent.clear()  # computed on weights the server never had
             anchor_seq = self._seq
         elif anchor_seq < 0:
             anchor_seq = max((j for j, v in self._made.items() if v <= version), default=-1)
@@ -431,7 +445,7 @@ class Learner:
 
     # -- pushes ----------------------------------------------------------------------------
 
-    def _on_push_done(self, fut, sent: float, seq: int = 0) -> None:
+    def _on_push_done(self, fut, sent: float, seqs: list[int]) -> None:
         try:
             reply = fut.result()
             rtt_ms = (time.monotonic() - sent) * 1e3
@@ -440,14 +454,15 @@ class Learner:
             self.stats.pushes_applied += 1
             self._newest_seen = max(self._newest_seen, reply.version)
             if self.local is not None:
-                self._made[seq] = reply.version
+                for back, seq in enumerate(reversed(seqs)):  # the reply's version is the last step's
+                    self._made[seq] = reply.version - back
                 weights = reply_weights(reply, self.device) if reply.weights else None
                 if weights is not None:
                     with self._pending_lock:
                         pending = self._pending_weights
                         if (reply.version > self._taken_version
                                 and (pending is None or pending[0] < reply.version)):
-                            self._pending_weights = (reply.version, weights, seq)
+                            self._pending_weights = (reply.version, weights, seqs[-1])
                 return  # the replica moves with our own pushes; no pulls but re-syncs
             if self.lcfg.pull_lag_versions == 0:
                 return  # synchronous: the update loop pulls (``_sync_weights``)
@@ -503,7 +518,7 @@ class Learner:
         if self._weights_push is not None and not self._weights_push.done():
             return False
         if self.local is not None:
-            return self._pushes_since_rebase + 1 >= lag
+            return self._pushes_since_rebase >= lag  # the steps of this call counted
         made = max(self._newest_seen, self.version) + len(self._inflight) + 1
         return made - self.version >= lag
 
@@ -545,24 +560,49 @@ class Learner:
               batches: int) -> None:
         # only called with the gradients of a finite total norm (``update``)
         msgs = self.compressor.compress(grads, known_finite=True)
+        self._seq += 1
+        self.stats.pushes += 1
+        self._batches_pushed += batches
+        self.stats.batches_per_push = self._batches_pushed / self.stats.pushes
+        if self.local is None:
+            self._send(base_version, [(msgs, items, self._seq)])
+            return
+        # apply_locally: the step joins the unsent ones (learner.steps_per_push of them per
+        # call); step i of a call is computed on the call's base version + i
+        if not self._unsent:
+            self._unsent_base = base_version
+        self._unsent.append((msgs, items, self._seq))
+        self._pushes_since_rebase += 1
+        if len(self._unsent) >= self.lcfg.steps_per_push:
+            # sent before the local step, whose Adam step overlaps the call's serialisation
+            self._send_unsent()
+            self._apply_locally(msgs)
+        else:
+            self._apply_locally(msgs)
+
+    def _send_unsent(self) -> None:
+        """Sends the steps applied locally but not yet pushed, in one call."""
+        if self._unsent:
+            steps, self._unsent = self._unsent, []
+            self._send(self._unsent_base, steps)
+
+    def _send(self, base_version: int, steps: list) -> None:
+        """One PushGradients call of ``steps`` = [(messages, batch size, seq)], the first
+        computed on ``base_version`` and each next one on the version before it makes."""
         self._drain_pushes(self.window - 1)  # blocks only when the window is full
         sent = time.monotonic()
         # the reply brings the new weights when the replica will want them (one round trip, not two)
         ask = self._wants_weights_back()
+        (msgs, items, _), more = steps[0], steps[1:]
         fut = self.ps.push_future(base_version, msgs, batch_size=items,
-                                  timeout=self.lcfg.push_timeout_s, return_weights=ask)
+                                  timeout=self.lcfg.push_timeout_s, return_weights=ask,
+                                  more_steps=[(m, b) for m, b, _ in more])
         if ask:
             self._weights_push = fut
-        self._seq += 1
-        seq = self._seq
-        if self.local is not None:
-            self._pushes_since_rebase += 1
-            self._apply_locally(msgs)
-        fut.add_done_callback(lambda f: self._on_push_done(f, sent, seq))
+        seqs = [seq for _, _, seq in steps]
+        fut.add_done_callback(lambda f: self._on_push_done(f, sent, seqs))
         self._inflight.append(fut)
-        self.stats.pushes += 1
-        self._batches_pushed += batches
-        self.stats.batches_per_push = self._batches_pushed / self.stats.pushes
+        self.stats.push_calls += 1
 
     def _flush(self) -> None:
         grads = {n: g / self._acc_count[n] if self._acc_count[n] > 1 else g
@@ -576,9 +616,13 @@ class Learner:
     def step(self, timeout: float = 1.0) -> bool:
         """One update from the prefetch queue; False if no batch arrived within timeout."""
         try:
-            batch = self._batches.get(timeout=timeout)
+            batch = self._batches.get_nowait()
         except queue.Empty:
-            return False
+            self._send_unsent()  # no batch ready: don't hold back steps made
+            try:
+                batch = self._batches.get(timeout=timeout)
+            except queue.Empty:
+                return False
         self._swap_in_new_weights()
         return self.update(batch)
 

@@ -6,6 +6,6 @@ bound, versioned weights for actors and learners, and atomic checkpoints.
 """
 
 from amprl.paramserver.client import ParameterClient, VersionWatch, load_into
-from amprl.paramserver.store import ApplyResult, ParameterStore
+from amprl.paramserver.store import ApplyResult, ParameterStore, Step
 
-__all__ = ["ApplyResult", "ParameterClient", "ParameterStore", "VersionWatch", "load_into"]
+__all__ = ["ApplyResult", "ParameterClient", "ParameterStore", "Step", "VersionWatch", "load_into"]

@@ -147,25 +147,30 @@ class ParameterClient:
     # -- PushGradients -------------------------------------------------------------------
 
     def _push_request(self, base_version: int, grads: Sequence[tensor_pb2.CompressedTensor],
-                      batch_size: int, return_weights: bool) -> paramserver_pb2.PushGradientsRequest:
-        return paramserver_pb2.PushGradientsRequest(learner_id=self.client_id,
-                                                    base_version=base_version,
-                                                    gradients=grads, batch_size=batch_size,
-                                                    return_weights=return_weights)
+                      batch_size: int, return_weights: bool,
+                      more_steps: Sequence[tuple[Sequence[tensor_pb2.CompressedTensor], int]] = ()
+                      ) -> paramserver_pb2.PushGradientsRequest:
+        return paramserver_pb2.PushGradientsRequest(
+            learner_id=self.client_id, base_version=base_version, gradients=grads,
+            batch_size=batch_size, return_weights=return_weights,
+            more_steps=[paramserver_pb2.GradientStep(gradients=g, batch_size=b) for g, b in more_steps])
 
     def push(self, base_version: int, grads: Sequence[tensor_pb2.CompressedTensor],
-             batch_size: int = 0, timeout: float | None = None, *, return_weights: bool = False
+             batch_size: int = 0, timeout: float | None = None, *, return_weights: bool = False,
+             more_steps: Sequence[tuple[Sequence[tensor_pb2.CompressedTensor], int]] = ()
              ) -> paramserver_pb2.PushGradientsResponse:
         """Pushes one gradient computed on ``base_version``; returns the server's reply
         (with ``return_weights``, ``reply_weights(reply)`` gives the weights it made, if the
-        server sent them).
+        server sent them). ``more_steps``: (gradients, batch_size) of further steps, the
+        i-th computed on ``base_version + i`` and applied right after (one call, one
+        version each; the reply's version is the last step's).
 
         Raises FailedPrecondition (``.current_version``) when it is too stale,
         InvalidArgument when malformed (nothing was applied in either case).
         """
         try:
             return self.stub.PushGradients(self._push_request(base_version, grads, batch_size,
-                                                              return_weights),
+                                                              return_weights, more_steps),
                                            timeout=timeout or self.timeout_s, wait_for_ready=True)
         except grpc.RpcError as exc:
             grpcutil.raise_for_rpc_error(exc)
@@ -173,7 +178,8 @@ class ParameterClient:
 
     def push_future(self, base_version: int, grads: Sequence[tensor_pb2.CompressedTensor],
                     batch_size: int = 0, timeout: float | None = None, *,
-                    return_weights: bool = False
+                    return_weights: bool = False,
+                    more_steps: Sequence[tuple[Sequence[tensor_pb2.CompressedTensor], int]] = ()
                     ) -> "concurrent.futures.Future[paramserver_pb2.PushGradientsResponse]":
         """Starts a push and returns at once; the future yields what ``push`` would return
         or raises what it would raise (learners keep a window of these in flight).
@@ -190,7 +196,7 @@ class ParameterClient:
                 self._push_pool = concurrent.futures.ThreadPoolExecutor(
                     max_workers=MAX_PUSHES_IN_FLIGHT, thread_name_prefix="ps-push")
             return self._push_pool.submit(self.push, base_version, grads, batch_size, timeout,
-                                          return_weights=return_weights)
+                                          return_weights=return_weights, more_steps=more_steps)
 
     # -- PullParameters ------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from amprl.common import grpcutil
 from amprl.compression import decode, encode, payload_bytes
 from amprl.config import ExperimentConfig
 from amprl.errors import ConfigError, InvalidArgument, ResourceExhausted
-from amprl.paramserver.store import ParameterStore, build_store
+from amprl.paramserver.store import ParameterStore, Step, build_store
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
 log = logging.getLogger(__name__)
@@ -84,32 +84,47 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
 
     # -- PushGradients -------------------------------------------------------------------
 
+    def _decode_step(self, msgs) -> dict[str, torch.Tensor]:
+        """The gradients of one step, by name; InvalidArgument for a duplicate or unknown
+        name or a wrong shape (NaN/Inf are found by the store's validation, one check for
+        the whole push)."""
+        store = self.store
+        grads: dict[str, torch.Tensor] = {}
+        for msg in msgs:
+            name = msg.name
+            if name in grads:
+                raise InvalidArgument(f"{name}: appears twice in one push")
+            expected = store.shapes.get(name)
+            if expected is None:
+                raise InvalidArgument(f"{name or '<unnamed>'}: not a parameter of the model")
+            if tuple(msg.shape) != expected:
+                raise InvalidArgument(f"{name}: gradient shape {list(msg.shape)} differs from "
+                                      f"the parameter's {list(expected)}")
+            grads[name] = decode(msg, device=store.device, finite=False)
+        return grads
+
     @grpcutil.map_errors
     def PushGradients(self, request: paramserver_pb2.PushGradientsRequest, context):
         store = self.store
+        parts = [(request.gradients, request.batch_size)] + [
+            (step.gradients, step.batch_size) for step in request.more_steps]
+        steps = []
         try:
-            grads: dict[str, torch.Tensor] = {}
-            for msg in request.gradients:
-                name = msg.name
-                if name in grads:
-                    raise InvalidArgument(f"{name}: appears twice in one push")
-                expected = store.shapes.get(name)
-                if expected is None:
-                    raise InvalidArgument(f"{name or '<unnamed>'}: not a parameter of the model")
-                if tuple(msg.shape) != expected:
-                    raise InvalidArgument(f"{name}: gradient shape {list(msg.shape)} differs from "
-                                          f"the parameter's {list(expected)}")
-                # NaN/Inf are found by store.apply's validation, one check for the whole push
-                grads[name] = decode(msg, device=store.device, finite=False)
+            for i, (msgs, batch_size) in enumerate(parts):
+                try:
+                    grads = self._decode_step(msgs)
+                except InvalidArgument as exc:
+                    if len(parts) == 1:
+                        raise
+                    raise InvalidArgument(f"step {i} of {len(parts)}: {exc}") from None
+                steps.append(Step(grads, {msg.name for msg in msgs if msg.preconditioned},
+                                  batch_size))
         except InvalidArgument:
             store.note_invalid_push()
             raise
-        result = store.apply(request.base_version, grads, learner_id=request.learner_id,
-                             batch_size=request.batch_size,
-                             wire_bytes=payload_bytes(request.gradients),
-                             snapshot=request.return_weights,
-                             preconditioned={msg.name for msg in request.gradients
-                                             if msg.preconditioned})
+        result = store.apply_steps(request.base_version, steps, learner_id=request.learner_id,
+                                   wire_bytes=sum(payload_bytes(msgs) for msgs, _ in parts),
+                                   snapshot=request.return_weights)
         reply = paramserver_pb2.PushGradientsResponse(
             version=result.version,
             disposition=(paramserver_pb2.PUSH_DISPOSITION_SCALED if result.scaled

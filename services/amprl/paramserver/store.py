@@ -59,11 +59,23 @@ DEFAULT_REORDER_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
+class Step:
+    """One optimizer step of a push (``ParameterStore.apply_steps``)."""
+
+    grads: Mapping[str, torch.Tensor]
+    """Gradients by parameter name (a subset of the model's parameters)."""
+    preconditioned: frozenset[str] | set[str] = frozenset()
+    """Names whose gradients the sender already divided by its second moment."""
+    batch_size: int = 0
+    """Transitions in the batch the step was computed on (counted in Info)."""
+
+
+@dataclass(frozen=True)
 class ApplyResult:
-    """What ``ParameterStore.apply`` did with one gradient."""
+    """What ``ParameterStore.apply`` (or ``apply_steps``) did with a push."""
 
     version: int
-    """Version after the step."""
+    """Version after the step (the last step of a multi-step push)."""
     staleness: int
     """version - base_version when the gradient arrived."""
     scale: float
@@ -186,13 +198,34 @@ class ParameterStore:
         Raises InvalidArgument (nothing changed but the counter) or FailedPrecondition with
         ``current_version`` when the gradient is too stale.
         """
+        return self.apply_steps(base_version, [Step(grads, preconditioned, batch_size)],
+                                learner_id=learner_id, wire_bytes=wire_bytes, snapshot=snapshot,
+                                trusted=trusted)
+
+    def apply_steps(self, base_version: int, steps: list[Step], *, learner_id: str = "",
+                    wire_bytes: int = 0, snapshot: bool = False,
+                    trusted: bool = False) -> ApplyResult:
+        """Applies consecutive optimizer steps of one push: step i was computed on
+        ``base_version + i`` (the weights the steps before it make; a learner that applies
+        its own steps locally batches them so). All steps are validated before any is
+        applied; the staleness rule is judged once, on ``base_version`` (every step then
+        has the same staleness), and the steps are applied back to back under the lock, one
+        version each. Arguments and errors as ``apply``."""
         with self._lock:
             self.counters.gradient_bytes_received += int(wire_bytes)
             if learner_id:
                 self._clients.learners_seen[learner_id] = time.monotonic()
         try:
+            if not steps:
+                raise InvalidArgument("the push holds no gradients")
             if not trusted:
-                self.validate(grads)
+                for i, step in enumerate(steps):
+                    try:
+                        self.validate(step.grads)
+                    except InvalidArgument as exc:
+                        if len(steps) == 1:
+                            raise
+                        raise InvalidArgument(f"step {i} of {len(steps)}: {exc}") from None
         except InvalidArgument:
             self.note_invalid_push()
             raise
@@ -214,39 +247,44 @@ class ParameterStore:
                     f"{self.version} (staleness {staleness} > max_staleness "
                     f"{self.max_staleness}); pull the current weights", current_version=self.version)
             scale = 1.0 / (1.0 + staleness) if self.staleness_scaling else 1.0
-            if self.lr_final is not None:
-                lr = self.lr_at(self.version)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-            momentum_only = []
-            for name, g in grads.items():
-                g = g.to(self.device, torch.float32)
-                g = g * scale if scale != 1.0 else g
-                p = self.params[name]
-                if name in preconditioned:
-                    momentum_only.append((p, g))
-                    continue
-                state = self.optimizer.state.get(p)
-                if state and "exp_avg" not in state:  # only preconditioned steps so far
-                    state.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-                p.grad = g if scale != 1.0 else g.clone()
-            self.optimizer.step()  # skips the parameters without a .grad
-            self.optimizer.zero_grad(set_to_none=True)
-            for p, g in momentum_only:
-                self._momentum_step(p, g)
-            self.version += 1
             scaled = scale != 1.0
-            if scaled:
-                self.counters.pushes_scaled += 1
-            else:
-                self.counters.pushes_applied += 1
-            self.counters.staleness_sum += staleness
+            for step in steps:
+                self._step(step, scale)
+                self.version += 1
+                if scaled:
+                    self.counters.pushes_scaled += 1
+                else:
+                    self.counters.pushes_applied += 1
+                self.counters.staleness_sum += staleness
+                self.counters.transitions_trained += int(step.batch_size)
             self.counters.max_staleness_accepted = max(self.counters.max_staleness_accepted,
                                                        staleness)
-            self.counters.transitions_trained += int(batch_size)
             self.changed.notify_all()
             weights = ({n: p.detach().clone() for n, p in self.params.items()} if snapshot else None)
             return ApplyResult(self.version, staleness, scale, scaled, weights)
+
+    def _step(self, step: Step, scale: float) -> None:
+        """One optimizer step at the current version (call with the lock held)."""
+        if self.lr_final is not None:
+            lr = self.lr_at(self.version)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        momentum_only = []
+        for name, g in step.grads.items():
+            g = g.to(self.device, torch.float32)
+            g = g * scale if scale != 1.0 else g
+            p = self.params[name]
+            if name in step.preconditioned:
+                momentum_only.append((p, g))
+                continue
+            state = self.optimizer.state.get(p)
+            if state and "exp_avg" not in state:  # only preconditioned steps so far
+                state.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            p.grad = g if scale != 1.0 else g.clone()
+        self.optimizer.step()  # skips the parameters without a .grad
+        self.optimizer.zero_grad(set_to_none=True)
+        for p, g in momentum_only:
+            self._momentum_step(p, g)
 
     @torch.no_grad()
     def _momentum_step(self, p: nn.Parameter, u: torch.Tensor) -> None:

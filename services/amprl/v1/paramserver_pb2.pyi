@@ -58,6 +58,7 @@ class PushGradientsRequest(_message.Message):
     GRADIENTS_FIELD_NUMBER: _builtins.int
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     RETURN_WEIGHTS_FIELD_NUMBER: _builtins.int
+    MORE_STEPS_FIELD_NUMBER: _builtins.int
     learner_id: _builtins.str
     """Identity of the pushing learner ("learner-0")."""
     base_version: _builtins.int
@@ -77,6 +78,17 @@ class PushGradientsRequest(_message.Message):
         (moments, step count) is untouched.
         """
 
+    @_builtins.property
+    def more_steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___GradientStep]:
+        """Further optimizer steps, applied in order right after `gradients`, each one version:
+        step i (1, 2, ...) was computed on base_version + i, the weights the steps before it
+        make. A learner that applies its steps to its own replica (apply_locally) sends
+        several consecutive steps in one call to share the call's cost. The push is validated
+        as a whole before anything is applied (a bad step anywhere: INVALID_ARGUMENT, nothing
+        changed) and its staleness is judged once, on base_version; the steps are applied
+        back to back, no other push between them. The reply's version is the last step's.
+        """
+
     def __init__(
         self,
         *,
@@ -85,14 +97,43 @@ class PushGradientsRequest(_message.Message):
         gradients: _abc.Iterable[_tensor_pb2.CompressedTensor] | None = ...,
         batch_size: _builtins.int = ...,
         return_weights: _builtins.bool = ...,
+        more_steps: _abc.Iterable[Global___GradientStep] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "batch_size", b"batch_size", "gradients", b"gradients", "learner_id", b"learner_id", "return_weights", b"return_weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "batch_size", b"batch_size", "gradients", b"gradients", "learner_id", b"learner_id", "more_steps", b"more_steps", "return_weights", b"return_weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PushGradientsRequest: _TypeAlias = PushGradientsRequest  # noqa: Y015
+
+@_typing.final
+class GradientStep(_message.Message):
+    """One optimizer step of a multi-step push (PushGradientsRequest.more_steps)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRADIENTS_FIELD_NUMBER: _builtins.int
+    BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    batch_size: _builtins.int
+    """Transitions in the batch this step was computed on (for Info)."""
+    @_builtins.property
+    def gradients(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.CompressedTensor]:
+        """As PushGradientsRequest.gradients: a subset of the parameters, each name at most once."""
+
+    def __init__(
+        self,
+        *,
+        gradients: _abc.Iterable[_tensor_pb2.CompressedTensor] | None = ...,
+        batch_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "gradients", b"gradients"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GradientStep: _TypeAlias = GradientStep  # noqa: Y015
 
 @_typing.final
 class PushGradientsResponse(_message.Message):
@@ -106,7 +147,7 @@ class PushGradientsResponse(_message.Message):
     SCALE_FIELD_NUMBER: _builtins.int
     WEIGHTS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
-    """Version after applying the gradient."""
+    """Version after applying the gradient (the last step's, for a multi-step push)."""
     disposition: Global___PushDisposition.ValueType
     """How it was applied."""
     staleness: _builtins.int
@@ -301,9 +342,9 @@ class ParameterServiceInfoResponse(_message.Message):
     version: _builtins.int
     """Current version (applied gradients since the run started, checkpoints included)."""
     pushes_applied: _builtins.int
-    """Pushes applied as sent."""
+    """Optimizer steps applied as sent (each step of a multi-step push counts once)."""
     pushes_scaled: _builtins.int
-    """Pushes applied after staleness scaling."""
+    """Optimizer steps applied after staleness scaling."""
     pushes_rejected_stale: _builtins.int
     """Pushes rejected as too stale."""
     pushes_rejected_invalid: _builtins.int

@@ -152,6 +152,30 @@ def test_apply_locally_keeps_the_replica_on_the_servers_weights_with_a_wide_wind
         torch.testing.assert_close(p.detach(), weights[name], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [1, 4])
+def test_steps_per_push_sends_consecutive_steps_in_one_call_and_the_server_matches(system, window):
+    """learner.steps_per_push 4: 4 optimizer steps per PushGradients call, each its own
+    version on the server, applied in the order they were computed. The server ends on the
+    replica's weights (every step at staleness 0) after 1/4 of the calls."""
+    learner, _, ps = system("learner.apply_locally=true", f"learner.max_pushes_in_flight={window}",
+                            "learner.pull_lag_versions=8", "learner.steps_per_push=4",
+                            "paramserver.max_staleness=16")
+    learner.start()
+    _run_updates(learner, 42)
+    learner.stop()  # sends the 2 steps still held back
+    info = ps.info()
+    assert info.version == learner.stats.pushes == 42 and learner.version == 42
+    assert info.pushes_applied == 42 and info.max_staleness == 0 and info.transitions_trained == 42 * 32
+    assert learner.stats.stale_rejections == 0 and learner.stats.push_errors == 0
+    # ~10 full calls and the remainder (a dry prefetch queue may send a call early)
+    assert 11 <= learner.stats.push_calls < 42
+    assert learner.stats.rebases >= 2 and learner.stats.rebase_drift < 1e-5
+    version, weights = ps.pull(have_version=0)
+    assert version == 42
+    for name, p in learner.model.named_parameters():
+        torch.testing.assert_close(p.detach(), weights[name], rtol=0, atol=1e-5)
+
+
 def test_apply_locally_rebases_onto_pushes_from_another_learner(system):
     """Another learner's push moves the server's weights: the next re-base folds that
     change into the replica, keeping the replica's own pushes in flight on top."""

@@ -272,24 +272,53 @@ CASES = ["unknown name", "duplicate name", "shape mismatch", "unspecified encodi
          "nan", "inf scale", "empty"]
 
 
-def test_every_bad_push_is_invalid_argument_and_the_server_keeps_serving(start_server):
+@pytest.mark.parametrize("steps", [1, 3])
+def test_every_bad_push_is_invalid_argument_and_the_server_keeps_serving(start_server, steps):
+    """Each bad case alone, and as the last step of a 3-step push (two good steps before it,
+    which must not be applied either; the message names the step)."""
     ps, client = start_server()
     stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
     client.push(0, fp32_grads(ps))
     _, before = client.pull()
     cases = _bad_cases(ps)
+    good = [(fp32_grads(ps, k), 0) for k in range(1, steps)]
     for case in CASES:
+        parts = [g for g, _ in good] + [cases[case]]
+        request = _raw_push(ps, parts[0], base_version=1)
+        for part in parts[1:]:
+            request.more_steps.add().gradients.extend(part)
         with pytest.raises(grpc.RpcError) as err:
-            stub.PushGradients(_raw_push(ps, cases[case], base_version=1), timeout=5)
+            stub.PushGradients(request, timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
         assert err.value.details(), case
+        if steps > 1:
+            assert err.value.details().startswith(f"step {steps - 1} of {steps}: "), case
         with pytest.raises(errors.InvalidArgument):
-            client.push(1, cases[case])
+            if steps == 1:
+                client.push(1, cases[case])
+            else:
+                client.push(1, good[0][0], more_steps=good[1:] + [(cases[case], 0)])
     version, after = client.pull()
     assert version == 1
     assert all(torch.equal(before[n], after[n]) for n in before)
     assert client.info().pushes_rejected_invalid == 2 * len(CASES)
     assert client.push(1, fp32_grads(ps, 5)).version == 2
+
+
+def test_a_multi_step_push_applies_its_steps_in_order_one_version_each(start_server):
+    ps, client = start_server()
+    _, one_by_one = start_server()
+    steps = [fp32_grads(ps, k) for k in range(3)]
+    for k, g in enumerate(steps):
+        one_by_one.push(k, g, batch_size=16)
+    reply = client.push(0, steps[0], batch_size=16, return_weights=True,
+                        more_steps=[(g, 16) for g in steps[1:]])
+    assert (reply.version, reply.staleness) == (3, 0)
+    expected = one_by_one.pull()[1]
+    for n, w in reply_weights(reply).items():  # the weights of the last step
+        assert torch.equal(w, expected[n]), n
+    info = client.info()
+    assert info.version == 3 and info.pushes_applied == 3 and info.transitions_trained == 48
 
 
 def test_a_too_stale_push_is_failed_precondition_with_the_current_version(start_server):

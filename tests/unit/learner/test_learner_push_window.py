@@ -26,7 +26,9 @@ class FakePS:
         self.pushes: list[tuple[int, dict, int, concurrent.futures.Future]] = []
         self.pulls: list[int] = []
 
-    def push_future(self, base_version, msgs, batch_size=0, timeout=None, return_weights=False):
+    def push_future(self, base_version, msgs, batch_size=0, timeout=None, return_weights=False,
+                    more_steps=()):
+        assert not more_steps  # multi-step pushes: tests/integration/learner (a real server)
         fut: concurrent.futures.Future = concurrent.futures.Future()
         fut.set_running_or_notify_cancel()
         self.pushes.append((base_version, {m.name: decode(m) for m in msgs}, batch_size, fut))
@@ -158,8 +160,9 @@ def test_a_failed_push_frees_its_slot_and_asks_for_a_resync():
 class ApplyingPS(FakePS):
     """Replies to each push at once, as a server that applies it: new weights, version + 1."""
 
-    def push_future(self, base_version, msgs, batch_size=0, timeout=None, return_weights=False):
-        fut = super().push_future(base_version, msgs, batch_size, timeout)
+    def push_future(self, base_version, msgs, batch_size=0, timeout=None, return_weights=False,
+                    more_steps=()):
+        fut = super().push_future(base_version, msgs, batch_size, timeout, more_steps=more_steps)
         self.weights = {n: w - 0.01 * self.pushes[-1][1][n] for n, w in self.weights.items()}
         self.reply(len(self.pushes) - 1)
         return fut
@@ -181,8 +184,9 @@ def test_pull_lag_0_trains_every_batch_on_the_weights_its_previous_push_made():
 class ReplyingPS(ApplyingPS):
     """ApplyingPS whose replies carry the weights they made when asked (return_weights)."""
 
-    def push_future(self, base_version, msgs, batch_size=0, timeout=None, return_weights=False):
-        fut = super().push_future(base_version, msgs, batch_size, timeout)
+    def push_future(self, base_version, msgs, batch_size=0, timeout=None, return_weights=False,
+                    more_steps=()):
+        fut = super().push_future(base_version, msgs, batch_size, timeout, more_steps=more_steps)
         if return_weights:
             fut.result().weights = [encode(n, w, "fp32") for n, w in self.weights.items()]
         return fut
@@ -293,7 +297,11 @@ def test_a_reply_offered_while_newer_weights_are_being_loaded_is_not_a_rollback(
 @pytest.mark.parametrize("override, key", [("learner.max_batches_per_push=0", "learner.max_batches_per_push"),
                                            ("learner.max_pushes_in_flight=-1", "learner.max_pushes_in_flight"),
                                            ("learner.push_timeout_s=0", "learner.push_timeout_s"),
-                                           ("learner.pull_lag_versions=-1", "learner.pull_lag_versions")])
+                                           ("learner.pull_lag_versions=-1", "learner.pull_lag_versions"),
+                                           ("learner.steps_per_push=0", "learner.steps_per_push"),
+                                           ("learner.steps_per_push=65", "learner.steps_per_push"),
+                                           # several steps per call need the replica's own steps
+                                           ("learner.steps_per_push=4", "learner.apply_locally")])
 def test_window_settings_out_of_range_fail_at_load_naming_the_key(override, key):
     with pytest.raises(errors.ConfigError, match=key):
         load_config(None, [override])

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from amprl.errors import FailedPrecondition, InvalidArgument
-from amprl.paramserver.store import ParameterStore
+from amprl.paramserver.store import ParameterStore, Step
 
 
 def tiny_model(seed: int = 0) -> nn.Module:
@@ -175,20 +175,57 @@ BAD_PUSHES = {
 }
 
 
+@pytest.mark.parametrize("steps", [1, 3])
 @pytest.mark.parametrize("case", list(BAD_PUSHES))
-def test_every_bad_push_is_invalid_argument_and_leaves_the_store_untouched(case):
+def test_every_bad_push_is_invalid_argument_and_leaves_the_store_untouched(case, steps):
+    """Alone, and as the last step of a 3-step push (the good steps before it are not
+    applied either)."""
     make, match = BAD_PUSHES[case]
     store = ParameterStore.from_model(tiny_model())
     store.apply(0, grads_for(store, 0))
     before, state = weights(store), optimizer_state(store)
-    with pytest.raises(InvalidArgument, match=match):
-        store.apply(1, make(store))
+    if steps == 1:
+        with pytest.raises(InvalidArgument, match=match):
+            store.apply(1, make(store))
+    else:
+        bad = [Step(grads_for(store, 1)), Step(grads_for(store, 2)), Step(make(store))]
+        with pytest.raises(InvalidArgument, match=f"step 2 of 3: .*{match}"):
+            store.apply_steps(1, bad)
     assert store.version == 1
     assert all(torch.equal(before[n], weights(store)[n]) for n in before)
     assert_same_state(state, optimizer_state(store))
     assert store.info()["pushes_rejected_invalid"] == 1
     store.apply(1, grads_for(store, 3))  # and it keeps working
     assert store.version == 2
+
+
+def test_a_multi_step_push_is_the_same_as_its_steps_pushed_one_by_one():
+    one_by_one = ParameterStore.from_model(tiny_model(), lr=1e-2, lr_final=1e-3, lr_decay_versions=10)
+    together = ParameterStore.from_model(tiny_model(), lr=1e-2, lr_final=1e-3, lr_decay_versions=10)
+    steps = [grads_for(one_by_one, seed=k) for k in range(4)]
+    steps[2] = {n: g for n, g in steps[2].items() if n.startswith("critic")}  # a critic-only step
+    for k, g in enumerate(steps):
+        one_by_one.apply(k, g, batch_size=32)
+    result = together.apply_steps(0, [Step(g, batch_size=32) for g in steps])
+    assert (result.version, result.staleness, result.scaled) == (4, 0, False)
+    for n, w in weights(one_by_one).items():
+        assert torch.equal(weights(together)[n], w), n  # the lr schedule stepped per version too
+    assert_same_state(optimizer_state(one_by_one), optimizer_state(together))
+    info = together.info()
+    assert info["version"] == 4 and info["pushes_applied"] == 4 and info["transitions_trained"] == 128
+
+
+def test_a_multi_step_push_is_judged_stale_once_on_its_base_version():
+    store = ParameterStore.from_model(tiny_model(), max_staleness=2, staleness_scaling=True)
+    for v in range(2):
+        store.apply(v, grads_for(store, v))
+    # computed on version 0 (its steps on 0, 1, 2): staleness 2 for every step, all scaled 1/3
+    result = store.apply_steps(0, [Step(grads_for(store, k)) for k in range(5)])
+    assert (result.version, result.staleness, result.scale) == (7, 2, 1 / 3)
+    assert store.info()["pushes_scaled"] == 5
+    with pytest.raises(FailedPrecondition) as err:  # base 4 at version 7: staleness 3
+        store.apply_steps(4, [Step(grads_for(store, k)) for k in range(2)])
+    assert err.value.current_version == 7 and store.version == 7
 
 
 def test_concurrent_pushes_are_each_applied_once():
