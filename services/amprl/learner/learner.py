@@ -576,9 +576,7 @@ class Learner:
         if len(self._unsent) >= self.lcfg.steps_per_push:
             # sent before the local step, whose Adam step overlaps the call's serialisation
             self._send_unsent()
-            self._apply_locally(msgs)
-        else:
-            self._apply_locally(msgs)
+        self._apply_locally(msgs)
 
     def _send_unsent(self) -> None:
         """Sends the steps applied locally but not yet pushed, in one call."""

@@ -24,7 +24,7 @@ from amprl.common import grpcutil
 from amprl.compression import decode, encode, payload_bytes
 from amprl.config import ExperimentConfig
 from amprl.errors import ConfigError, InvalidArgument, ResourceExhausted
-from amprl.paramserver.store import ParameterStore, Step, build_store
+from amprl.paramserver.store import ParameterStore, Step, build_store, in_step
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
 log = logging.getLogger(__name__)
@@ -114,9 +114,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
                 try:
                     grads = self._decode_step(msgs)
                 except InvalidArgument as exc:
-                    if len(parts) == 1:
-                        raise
-                    raise InvalidArgument(f"step {i} of {len(parts)}: {exc}") from None
+                    raise in_step(exc, i, len(parts)) from None
                 steps.append(Step(grads, {msg.name for msg in msgs if msg.preconditioned},
                                   batch_size))
         except InvalidArgument:

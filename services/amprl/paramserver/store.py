@@ -70,6 +70,12 @@ class Step:
     """Transitions in the batch the step was computed on (counted in Info)."""
 
 
+def in_step(exc: InvalidArgument, i: int, steps: int) -> InvalidArgument:
+    """``exc`` naming step ``i`` of a multi-step push ("step 2 of 3: ..."); as is for a
+    one-step push."""
+    return exc if steps == 1 else InvalidArgument(f"step {i} of {steps}: {exc}")
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     """What ``ParameterStore.apply`` (or ``apply_steps``) did with a push."""
@@ -223,9 +229,7 @@ class ParameterStore:
                     try:
                         self.validate(step.grads)
                     except InvalidArgument as exc:
-                        if len(steps) == 1:
-                            raise
-                        raise InvalidArgument(f"step {i} of {len(steps)}: {exc}") from None
+                        raise in_step(exc, i, len(steps)) from None
         except InvalidArgument:
             self.note_invalid_push()
             raise
