@@ -284,7 +284,9 @@ class ParameterStore:
             state = self.optimizer.state.get(p)
             if state and "exp_avg" not in state:  # only preconditioned steps so far
                 state.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-            p.grad = g if scale != 1.0 else g.clone()
+            # the caller's tensor itself: torch's Adam (fused, foreach or not) reads .grad and
+            # never writes it (test_store: apply leaves the gradients as they were)
+            p.grad = g
         self.optimizer.step()  # skips the parameters without a .grad
         self.optimizer.zero_grad(set_to_none=True)
         for p, g in momentum_only:

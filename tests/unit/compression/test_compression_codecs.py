@@ -229,6 +229,25 @@ def test_error_feedback_keeps_exactly_what_the_receiver_decodes(encoding, precon
             assert torch.equal(ef.decoded[m.name], decode(m)), (step, m.name)
 
 
+@pytest.mark.parametrize("encoding", ["fp32", "bf16", "fp16", "onebit"])
+@pytest.mark.parametrize("precondition", [False, True])
+def test_error_feedback_never_writes_the_callers_gradients(encoding, precondition):
+    # residuals are updated in place in their own buffers; the first step's residual
+    # must not be the caller's tensor either
+    ef = ErrorFeedback(encoding, block_size=64, min_elements=50, precondition=precondition)
+    gen = torch.Generator().manual_seed(5)
+    residuals = []
+    for step in range(3):
+        grads = {"w": torch.randn(33, 17, generator=gen), "b": torch.randn(17, generator=gen)}
+        kept = {n: g.clone() for n, g in grads.items()}
+        ef.compress(grads)
+        assert all(torch.equal(grads[n], kept[n]) for n in grads), step
+        assert all(r.data_ptr() != grads["w"].data_ptr() for r in ef.residuals.values())
+        residuals.append({n: r.clone() for n, r in ef.residuals.items()})
+    if encoding != "fp32":  # the residual carries over: e = g + r, then e - decoded
+        assert not torch.equal(residuals[1]["w"], residuals[2]["w"])
+
+
 def test_error_feedback_fp32_is_lossless_and_bf16_keeps_residuals():
     g = torch.randn(100, 30)
     ef = ErrorFeedback("fp32", min_elements=0)

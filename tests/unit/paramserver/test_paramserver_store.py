@@ -59,6 +59,20 @@ def test_apply_is_one_adam_step_and_advances_the_version():
     assert info["version"] == 3 and info["pushes_applied"] == 3 and info["transitions_trained"] == 96
 
 
+@pytest.mark.parametrize("staleness_scaling", [False, True])
+def test_apply_reads_the_gradients_and_never_writes_them(staleness_scaling):
+    # the store steps with the caller's tensors as .grad (no copy): a learner's
+    # apply_locally passes its compressor's decoded gradients, which must stay as sent
+    store = ParameterStore.from_model(tiny_model(), lr=1e-2, staleness_scaling=staleness_scaling)
+    names = list(store.shapes)
+    for step in range(3):
+        grads = grads_for(store, seed=step)
+        kept = {n: g.clone() for n, g in grads.items()}
+        store.apply(max(0, step - 1), grads, preconditioned={names[0]}, trusted=step == 2)
+        assert all(torch.equal(grads[n], kept[n]) for n in grads), step
+        assert all(p.grad is None for p in store.params.values())
+
+
 def test_linear_lr_schedule_matches_adam_with_the_same_per_step_lr_and_survives_a_restore():
     model = tiny_model()
     ref = copy.deepcopy(model)
