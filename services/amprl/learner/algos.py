@@ -3,6 +3,7 @@ parameters an update trains. The loop in ``learner.py`` is the same for every al
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -12,6 +13,12 @@ from amprl.rl import dqn, td3
 from amprl.rl.batch import Batch
 from amprl.rl.targets import TargetNetwork, hard_update
 from amprl.rl.models import TD3Model
+
+
+def _caller_autocast(device: torch.device) -> torch.autocast:
+    """An autocast context like the calling thread's current one on ``device``'s type."""
+    kind = device.type
+    return torch.autocast(kind, dtype=torch.get_autocast_dtype(kind), enabled=torch.is_autocast_enabled(kind))
 
 
 def _tensor(x: np.ndarray, device: torch.device, pin: bool) -> torch.Tensor:
@@ -33,6 +40,14 @@ class DQNAlgo:
         self.device = device
         self.target = TargetNetwork.for_dqn(model, cfg.dqn)
         self._names = [n for n, p in model.named_parameters() if p.requires_grad]
+        # learner.overlap_targets: y on a second thread, overlapped with the online forward
+        # over s. Both only read the weights, which change between updates, never during one.
+        self._targets_thread = None
+        if cfg.learner.overlap_targets:
+            self._targets_thread = ThreadPoolExecutor(
+                1, thread_name_prefix="learner-targets",
+                # torch's thread count is per OS thread (a thread that never set it uses every core)
+                initializer=torch.set_num_threads, initargs=(cfg.learner.torch_threads,))
 
     def to_tensors(self, s, pin: bool = False) -> tuple[Batch, np.ndarray]:
         """A sampled replay batch as device tensors, plus its keys (kept on the host)."""
@@ -45,8 +60,19 @@ class DQNAlgo:
         return self._names
 
     def loss(self, batch: Batch, update_index: int):
+        targets = None
+        if self._targets_thread is not None:
+            targets = self._targets_thread.submit(self._targets, batch, _caller_autocast(self.device)).result
         return dqn.dqn_loss(self.model, self.target, batch, double=self.cfg.double,
-                            huber_delta=self.cfg.huber_delta)
+                            huber_delta=self.cfg.huber_delta, targets=targets)
+
+    def _targets(self, batch: Batch, autocast) -> torch.Tensor:
+        with autocast:  # autocast is per thread: the update thread's, passed on
+            return dqn.dqn_targets(self.model, self.target, batch, double=self.cfg.double)
+
+    def close(self) -> None:
+        if self._targets_thread is not None:
+            self._targets_thread.shutdown(wait=True)
 
     @torch.no_grad()
     def on_weights(self, version: int, initial: bool = False) -> None:
@@ -83,6 +109,9 @@ class TD3Algo:
         self._critic = [n for n in self._all if n.startswith(("critic1.", "critic2."))]
 
     to_tensors = DQNAlgo.to_tensors
+
+    def close(self) -> None:
+        """Nothing to release (TD3 runs its whole update on the calling thread)."""
 
     def policy_step(self, update_index: int) -> bool:
         """Update ``update_index`` (from 0) also trains the actor: every policy_delay-th."""

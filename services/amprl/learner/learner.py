@@ -318,6 +318,7 @@ class Learner:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5.0)
+        self.algo.close()
 
     # -- weights ---------------------------------------------------------------------------
 

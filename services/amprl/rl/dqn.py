@@ -13,6 +13,8 @@ mean_i(w_i * huber(Q_online(s_i, a_i) - y_i)) and |delta_i| is the new priority.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -35,15 +37,18 @@ def dqn_targets(online: nn.Module, target: nn.Module, batch: Batch, *,
 
 
 def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool = True,
-             huber_delta: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+             huber_delta: float = 1.0,
+             targets: Callable[[], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(loss, td_abs)``: the IS-weighted mean Huber loss (scalar, float32, with
     grad through ``online``) and the per-sample |Q(s,a) - y| ([B], float32, detached).
 
     Runs under the caller's autocast; Q values are promoted to float32 before the loss.
+    ``targets``: returns y (``dqn_targets`` of the same batch) when called after the online
+    forward pass over s, e.g. the result of a future computing it on another thread.
     """
     q_all = online(batch.obs).float()
     q = q_all.gather(1, batch.actions.long().reshape(-1, 1)).squeeze(1)
-    y = dqn_targets(online, target, batch, double=double)
+    y = targets() if targets is not None else dqn_targets(online, target, batch, double=double)
     delta = q - y
     per_sample = F.huber_loss(q, y, reduction="none", delta=huber_delta)
     loss = (weights_or_ones(batch, per_sample) * per_sample).mean()
