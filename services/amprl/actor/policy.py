@@ -7,6 +7,7 @@ import copy
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from amprl.config import ExperimentConfig
 from amprl.envs.spec import EnvSpec
@@ -60,17 +61,45 @@ def _linear_chain(seq: torch.nn.Module) -> list[tuple[torch.nn.Linear, bool]] | 
     return [(linear, relu) for linear, relu in chain]
 
 
-def _plan(chain) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
-    """The chain's current weights, transposed for ``addmm``: ``[(weight.T, bias, relu)]``."""
-    return [(lin.weight.detach().t().contiguous(), lin.bias.detach(), relu) for lin, relu in chain]
+_NARROW = 16
+"""Layers with at most this many outputs run as ``F.linear`` on the ``[out, in]`` weight:
+MKL's ``addmm`` over a transposed weight takes a slow path there (64 rows x 256 -> 2
+outputs: ~22 us against ~7 us), while wide layers are faster as ``addmm`` (see _plan)."""
+
+
+def _layer(weight: torch.Tensor, bias: torch.Tensor, relu: bool) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
+    """One layer of a plan, a copy of the current weights: ``(weight, bias, relu, narrow)``
+    with the weight ``[out, in]`` for narrow layers and transposed ``[in, out]`` otherwise."""
+    weight, bias = weight.detach(), bias.detach().clone()
+    if weight.shape[0] <= _NARROW:
+        return weight.clone(), bias, relu, True
+    return weight.t().contiguous(), bias, relu, False
+
+
+def _plan(chain) -> list[tuple[torch.Tensor, torch.Tensor, bool, bool]]:
+    """The chain's current weights as layers for ``_run_plan``: wide ones transposed for
+    ``addmm``, which skips ``F.linear``'s GEMM over a transposed weight."""
+    return [_layer(lin.weight, lin.bias, relu) for lin, relu in chain]
 
 
 def _run_plan(plan, h: torch.Tensor) -> torch.Tensor:
-    for weight_t, bias, relu in plan:
-        h = torch.addmm(bias, h, weight_t)
+    for weight, bias, relu, narrow in plan:
+        h = F.linear(h, weight, bias) if narrow else torch.addmm(bias, h, weight)
         if relu:
             h.relu_()
     return h
+
+
+def _dueling_as_one_layer(value, advantage) -> list[tuple[torch.Tensor, torch.Tensor, bool, bool]]:
+    """Q = V + A - mean_a A of single linear heads on the same features h is linear in h:
+    one layer with weight W_A - mean_a W_A + w_V and bias b_A - mean_a b_A + b_V (equal to
+    the two heads and the combination up to float rounding; one GEMM instead of two and
+    three element-wise ops)."""
+    ((v, _),), ((a, _),) = value, advantage
+    with torch.no_grad():
+        weight = a.weight - a.weight.mean(dim=0, keepdim=True) + v.weight
+        bias = a.bias - a.bias.mean() + v.bias
+    return [_layer(weight, bias, False)]
 
 
 class ActingQNetwork:
@@ -78,11 +107,14 @@ class ActingQNetwork:
 
     The replica's own function, run one of three ways:
 
-    * fp32 MLP Q-networks (vector observations, MLP trunk, linear heads): a chain of
-      ``addmm``/``relu_`` over weights kept transposed: the modules' function (equal up to
-      float rounding, ~1e-7) without the module calls and the transposed-weight GEMM of
-      ``F.linear``: 64 CartPole observations through the 256x256 MLP take ~80 us instead of
-      ~120 us, next to 64 x 6 us of env steps;
+    * fp32 MLP Q-networks (vector observations, MLP trunk, linear heads): one chain of
+      ``addmm``/``relu_`` over weights kept transposed, the dueling heads and their
+      combination folded into one narrow layer (``_dueling_as_one_layer``): the modules'
+      function (equal up to float rounding, ~1e-7) without the module calls, the
+      transposed-weight GEMM of ``F.linear`` on wide layers and MKL's slow path for narrow
+      ones: 64 CartPole observations through the dueling 256x256 MLP take ~80-120 us
+      against ~120-170 us for the module (AMD EPYC core, a busy machine), next to
+      64 x 6-10 us of env steps;
     * bf16 (``dtype``): a bf16 copy, channels-last for the convolutions: on a Sapphire
       Rapids core the Nature CNN over 16 Atari stacks takes ~1.9 ms there against ~3.9 ms
       in fp32, with Q-values within ~1% of fp32 (the learner of a bf16 run computes in bf16
@@ -122,7 +154,13 @@ class ActingQNetwork:
             for mine, theirs in self._pairs:
                 mine.copy_(theirs)
         if self._chains is not None:
-            self._plans = [_plan(chain) for chain in self._chains]
+            trunk, *heads = self._chains
+            if len(heads) == 2 and all(len(h) == 1 and not h[0][1] for h in heads):
+                self._plans = [_plan(trunk) + _dueling_as_one_layer(*heads)]
+            elif len(heads) == 1:
+                self._plans = [_plan(trunk) + _plan(heads[0])]
+            else:
+                self._plans = [_plan(chain) for chain in self._chains]
 
     @torch.inference_mode()
     def __call__(self, obs: np.ndarray) -> np.ndarray:
@@ -130,8 +168,8 @@ class ActingQNetwork:
         x = torch.from_numpy(np.ascontiguousarray(obs))
         if self._chains is not None and x.dtype == torch.float32:
             h = _run_plan(self._plans[0], x.reshape(x.shape[0], -1))
-            if len(self._plans) == 2:
-                return _run_plan(self._plans[1], h).numpy()
+            if len(self._plans) == 1:  # one chain: trunk and head(s) folded together
+                return h.numpy()
             a = _run_plan(self._plans[2], h)
             return (_run_plan(self._plans[1], h) + a - a.mean(dim=1, keepdim=True)).numpy()
         if self._net is not self.model:
@@ -145,9 +183,9 @@ class ActingPolicy:
     TD errors that are its transitions' initial priorities.
 
     The policy MLP runs as an ``addmm``/``relu_`` chain (see ActingQNetwork; ~55 -> ~30 us
-    for 16 HalfCheetah observations), then tanh, scale and bias as ``DeterministicActor``
-    does; the critics likewise (``td_abs``). ``sync`` refreshes the transposed
-    weights after the replica's weights change.
+    for 16 HalfCheetah observations on a Sapphire Rapids core), then tanh, scale and bias
+    as ``DeterministicActor`` does; the critics likewise (``td_abs``). ``sync`` refreshes
+    the plans' weights after the replica's weights change.
     """
 
     def __init__(self, model: torch.nn.Module):
