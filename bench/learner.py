@@ -1,10 +1,13 @@
 """Learner throughput: the learner's own path vs a plain PyTorch loop on the same update.
 
-    python bench/learner.py [--seconds 8] [--repeats 3]
+    python bench/learner.py [--seconds 8] [--repeats 3] [--cases ...] [--precisions fp32,bf16]
+    python bench/learner.py --cases atari256,atari512 --precisions fp32,bf16,fp16 --device cuda
 
 For each case (CartPole DQN; a larger MLP Q-network 256x256 at batch 256; TD3 for
 HalfCheetah-v5 at batch 256: actor and twin critics 256x256, critic loss every update, actor
-loss and Polyak targets every 2nd) and precision (fp32, bf16) it measures, in one run:
+loss and Polyak targets every 2nd; on request, ``atari256``/``atari512``: the Ape-X Nature
+CNN with dueling heads of configs/pong-apex.yaml at batch 256 / 512, uint8 frame stacks cast
+on the device) and precision (fp32, bf16, fp16 with its GradScaler) it measures, in one run:
   * ``plain_torch_updates_per_s``: forward, backward, clip, Adam step and target update on
     one batch in a loop;
   * ``updates_per_s``: the real Learner — batches from its prefetch queue (sampled from a live
@@ -15,6 +18,9 @@ loss and Polyak targets every 2nd) and precision (fp32, bf16) it measures, in on
     pushes; 4 steps per call with bf16 gradients), TD3 as halfcheetah-td3.yaml (two pushes in flight, new weights pulled back in
     the background);
 and prints one JSON object with the medians over ``--repeats`` and ``updates_ratio_vs_plain``.
+On CUDA (``--device``, default: CUDA when present) it also records the peak GPU memory
+allocated by each loop (``<case>_<precision>_peak_mem_mib`` for the learner,
+``..._plain_peak_mem_mib`` for the plain loop).
 
 ``--pin`` gives the learner (and the plain loop) CPU 0 and moves replay, the parameter
 server and Redis to the other CPUs, as when they run on other hosts (or the learner pod has
@@ -26,6 +32,7 @@ then waits for the GIL while its core idles.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -56,33 +63,54 @@ CASES = {  # name -> (experiment, overrides)
     "cartpole": ("configs/cartpole-dqn.yaml", ["learner.batch_size=128", "network.hidden_sizes=[128, 128]"]),
     "mlp256": ("configs/cartpole-dqn.yaml", ["learner.batch_size=256", "network.hidden_sizes=[256, 256]"]),
     "td3": ("configs/halfcheetah-td3.yaml", ["learner.batch_size=256", "network.hidden_sizes=[256, 256]"]),
+    # not in the default set: seconds per update on a CPU
+    "atari256": ("configs/pong-apex.yaml", ["learner.batch_size=256"]),
+    "atari512": ("configs/pong-apex.yaml", ["learner.batch_size=512"]),
 }
+DEFAULT_CASES = "cartpole,mlp256,td3"
 
 
 
-def plain_loop(cfg, spec, sampled, seconds: float) -> float:
+def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> float:
     torch.manual_seed(0)
-    model = build_model(cfg, spec)
-    algo = make_algo(cfg, model, torch.device("cpu"))
+    cfg = copy.deepcopy(cfg)
+    cfg.learner.overlap_targets = False  # plain: the whole update on this thread
+    model = build_model(cfg, spec).to(device)
+    algo = make_algo(cfg, model, device)
     batch, _ = algo.to_tensors(sampled)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.paramserver.lr)
-    dtype = {"bf16": torch.bfloat16}.get(cfg.learner.precision)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.learner.precision)
+    # fp16: the learner's loss scaling (Precision), as a plain loop would write it
+    scaler = torch.amp.GradScaler(device.type, init_scale=65536.0) if dtype == torch.float16 else None
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss, _ = algo.loss(batch, n)
-        loss.backward()
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.learner.grad_clip_norm)
-        opt.step()
+        if scaler is None:
+            opt.step()
+        else:
+            scaler.step(opt)
+            scaler.update()
         n += 1
         algo.on_weights(n)  # target network: DQN's periodic copy, TD3's Polyak step
+        if device.type == "cuda" and n % 20 == 0:
+            torch.cuda.synchronize()  # the clock must see the work, not its launch
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    algo.close()
     return n / (time.perf_counter() - t0)
 
 
-def learner_loop(cfg, spec, replay_addr, ps_addr, seconds: float) -> float:
+def learner_loop(cfg, spec, replay_addr, ps_addr, seconds: float, device: torch.device) -> float:
     learner = Learner(cfg, spec, ReplayClient(replay_addr), ParameterClient(ps_addr, client_id="learner:bench"),
-                      learner_id="bench", device="cpu")
+                      learner_id="bench", device=str(device))
     learner.start()
     stop = threading.Event()
     learner.run(stop, max_updates=20)  # warm up: fill the queue, first pulls
@@ -114,8 +142,9 @@ def main() -> int:
     p.add_argument("--pin", action="store_true",
                    help="learner on CPU 0, replay, parameter server and Redis on the others")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
-    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated subset of " + ",".join(CASES))
+    p.add_argument("--precisions", default="fp32,bf16", help="comma-separated subset of fp32,bf16,fp16")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="extra config overrides, e.g. learner.pull_lag_versions=0 (synchronous)")
     args = p.parse_args()
@@ -123,8 +152,11 @@ def main() -> int:
     if args.pin and len(cpus) < 2:
         raise SystemExit("--pin needs at least 2 CPUs")
     torch.set_num_threads(1)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    cuda = device.type == "cuda"
     results: dict = {"seconds_per_measurement": args.seconds, "repeats": args.repeats,
-                     "device": "cpu", "torch_threads": 1, "pinned": args.pin}
+                     "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+                     "torch_threads": 1, "pinned": args.pin}
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="amprl-bench-learner-") as tmp:
         tmp = Path(tmp)
@@ -149,12 +181,24 @@ def main() -> int:
                         if args.pin:
                             pin(services, redis, cpus)
                         replay = ReplayClient(services[0].address)
-                        fill_replay(replay, spec, 20_000, rng)
+                        image = spec.frame_dtype == np.uint8
+                        # image chunks of 250 stay well inside gRPC's 4 MiB message limit
+                        fill_replay(replay, spec, max(2_000, 4 * cfg.learner.batch_size) if image else 20_000,
+                                    rng, chunk=250 if image else 500)
                         sampled = replay.sample(cfg.learner.batch_size, 0.4, timeout=30)
-                        plain, ours = [], []
+                        plain, ours, plain_mem, ours_mem = [], [], [], []
                         for _ in range(args.repeats):
-                            plain.append(plain_loop(cfg, spec, sampled, args.seconds))
-                            ours.append(learner_loop(cfg, spec, services[0].address, services[1].address, args.seconds))
+                            for loop, rates, mems in ((lambda: plain_loop(cfg, spec, sampled, args.seconds, device),
+                                                       plain, plain_mem),
+                                                      (lambda: learner_loop(cfg, spec, services[0].address,
+                                                                            services[1].address, args.seconds, device),
+                                                       ours, ours_mem)):
+                                if cuda:
+                                    torch.cuda.empty_cache()
+                                    torch.cuda.reset_peak_memory_stats(device)
+                                rates.append(loop())
+                                if cuda:
+                                    mems.append(torch.cuda.max_memory_allocated(device) / 2**20)
                         replay.close()
                     finally:
                         stop_services(services)
@@ -162,6 +206,9 @@ def main() -> int:
                     results[f"{key}_updates_per_s"] = round(statistics.median(ours), 1)
                     results[f"{key}_plain_torch_updates_per_s"] = round(statistics.median(plain), 1)
                     results[f"{key}_updates_ratio_vs_plain"] = round(statistics.median(ours) / statistics.median(plain), 3)
+                    if cuda:
+                        results[f"{key}_peak_mem_mib"] = round(max(ours_mem), 1)
+                        results[f"{key}_plain_peak_mem_mib"] = round(max(plain_mem), 1)
     if "mlp256_fp32_updates_per_s" in results:  # the headline figures: the larger update
         results["updates_per_s"] = results["mlp256_fp32_updates_per_s"]
         results["plain_torch_updates_per_s"] = results["mlp256_fp32_plain_torch_updates_per_s"]

@@ -29,7 +29,14 @@ def random_actions(spec: EnvSpec, rng: np.random.Generator, t: int) -> np.ndarra
 def make_chunk(spec: EnvSpec, t: int, *, n_step: int = 3, seed: int = 0, reward_base: float = 0.0) -> Chunk:
     """T consecutive transitions: obs t = frames[t .. t+stack-1], next = obs + n_step;
     rewards are reward_base + 0..T-1 so each transition is identifiable."""
-    rng = np.random.default_rng(seed)
+    return _random_chunk(spec, t, np.random.default_rng(seed), n_step,
+                         lambda rng: (reward_base + np.arange(t)).astype(np.float32))
+
+
+def _random_chunk(spec: EnvSpec, t: int, rng: np.random.Generator, n_step: int, rewards) -> Chunk:
+    """``t`` consecutive transitions over random frames of the spec's shape and dtype (uint8
+    images or float vectors), stacks of ``spec.frame_stack`` frames, next = obs + n_step,
+    random actions, ``rewards(rng)``, discount 0.97."""
     stack = spec.frame_stack
     f = t + stack - 1 + n_step
     if spec.frame_dtype == np.uint8:
@@ -37,21 +44,18 @@ def make_chunk(spec: EnvSpec, t: int, *, n_step: int = 3, seed: int = 0, reward_
     else:
         frames = rng.standard_normal((f, *spec.frame_shape)).astype(spec.frame_dtype)
     obs = (np.arange(t)[:, None] + np.arange(stack)[None, :]).astype(np.int32)
-    return Chunk(frames, obs, obs + n_step, random_actions(spec, rng, t),
-                 (reward_base + np.arange(t)).astype(np.float32),
+    return Chunk(frames, obs, obs + n_step, random_actions(spec, rng, t), rewards(rng),
                  np.full(t, 0.97, np.float32))
 
 
 def fill_replay(client, spec: EnvSpec, n: int, rng: np.random.Generator, *, chunk: int = 500,
                 actor_id: str = "bench-filler") -> None:
-    """Inserts ``n`` random vector-observation transitions (3-step, discount 0.97) in chunks
-    of ``chunk``: a table for learner benchmarks to sample from. Actions: indices for a
-    discrete spec, uniform within the bounds for a continuous one."""
+    """Inserts ``n`` random transitions (3-step, discount 0.97; vector observations or
+    stacked uint8 frames, as the spec says) in chunks of ``chunk``: a table for learner
+    benchmarks to sample from. Actions: indices for a discrete spec, uniform within the
+    bounds for a continuous one."""
     items = []
     for _ in range(n // chunk):
-        frames = rng.standard_normal((chunk + 3, *spec.frame_shape)).astype(np.float32)
-        idx = np.arange(chunk, dtype=np.int32)[:, None]
-        c = Chunk(frames, idx, idx + 3, random_actions(spec, rng, chunk),
-                  rng.standard_normal(chunk).astype(np.float32), np.full(chunk, 0.97, np.float32))
+        c = _random_chunk(spec, chunk, rng, 3, lambda r: r.standard_normal(chunk).astype(np.float32))
         items.append((c, rng.random(chunk).astype(np.float32) + 0.1, chunk))
     client.insert(actor_id, items, timeout=60)
