@@ -100,6 +100,15 @@ class ReplayConfig:
     """Importance-sampling exponent reached after beta_anneal_updates."""
     beta_anneal_updates: int = 100_000
     """Learner updates over which beta goes linearly from beta_start to beta_end."""
+    is_weight_normalization: Literal["table", "batch"] = "table"
+    """What the importance weights w_i = (N * P(i))^-beta are divided by: ``table``, the
+    largest weight any stored transition could get (Schaul et al. 2016; all weights <= 1,
+    and far below 1 when some priority is near ``priority_epsilon``); ``batch``, the largest
+    in each training batch (Dopamine, Rainbow), so the batch's largest weight is 1. The
+    table's sampled weights scale the whole gradient down, by 4-25x in a Pong run; with an
+    Adam epsilon that is not small next to the gradient's root mean square (Ape-X/Rainbow's
+    1.5e-4) that lowers the effective learning rate by as much, so the Atari configs use
+    ``batch``."""
     min_size_to_sample: int = 1000
     """Sampling waits until the table holds this many transitions."""
     samples_per_insert: float = 0.0

@@ -92,7 +92,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -231,6 +231,10 @@ class Learner:
                 per_call = 1
                 continue
             for part in sampled.split(bs) if per_call > 1 else [sampled]:
+                if self.cfg.replay.is_weight_normalization == "batch":
+                    # the table's normaliser is common to the whole draw, so this is exactly
+                    # (N * P(i))^-beta / max over the batch
+                    part = replace(part, weights=part.weights / part.weights.max())
                 batch = self.algo.to_tensors(part, pin=pin)
                 while not self._stop.is_set():
                     try:

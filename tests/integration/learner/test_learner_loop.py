@@ -201,3 +201,25 @@ def test_apply_locally_rebases_onto_pushes_from_another_learner(system):
     # the last re-base: under a few steps of lr (1e-3)
     for name, p in learner.model.named_parameters():
         torch.testing.assert_close(p.detach(), weights[name], rtol=0, atol=5e-3)
+
+
+@pytest.mark.parametrize("norm", ["table", "batch"])
+def test_importance_weights_are_normalised_by_the_table_or_by_each_batch(system, norm):
+    learner, replay, _ = system(f"replay.is_weight_normalization={norm}",
+                                "learner.sample_batches_per_call=4")
+    cfg = learner.cfg
+    spec = env_spec(cfg.env)
+    rng = np.random.default_rng(1)
+    chunk, _, T = _chunk(spec, rng)
+    prios = rng.uniform(0.01, 10.0, size=T).astype(np.float32)
+    replay.insert("test", [(chunk, prios, T)], timeout=30)  # keys 1000..1199; 0..999 have p = 1
+    p = np.concatenate([np.ones(1000, np.float32), prios])
+    learner.start()
+    batch, keys = learner._batches.get(timeout=30)
+    learner.stop()
+    w = batch.weights.numpy()
+    a, beta = cfg.replay.alpha, cfg.replay.beta_start
+    raw = (p[keys] ** a) ** -beta
+    expected = raw / (raw.max() if norm == "batch" else (p.min() ** a) ** -beta)
+    np.testing.assert_allclose(w, expected, rtol=1e-4)
+    assert (w.max() == 1.0) == (norm == "batch" or p[keys].min() == p.min())
