@@ -12,7 +12,15 @@ replay, parameter server and Redis run as their own processes, started before pi
     from its own network, and inserting every chunk into a live replay service (rate
     limiter off) with weights from a live parameter server;
   * ``actor_fps_ratio_<env>`` = actor / raw (medians; the raw loop is measured before
-    and after the actor, so that a change in machine load shows in both).
+    and after the actor, so that a change in machine load shows in both);
+  * ``raw_env_steps_per_s_<env>_actor_actions``: one env in a plain loop replaying the
+    actions the actor's first env received (``ActionLog``), from the same seed: the same
+    trajectory, so the simulator's own cost in the states the actor's policy visits (a
+    MuJoCo step costs more in some states than in others: HalfCheetah under an untrained
+    policy's near-constant actions ~20% more than under uniform random ones), and
+    ``actor_overhead_us_per_step_<env>``: what the actor adds per env step to the
+    simulator's cost of those same states (inference, exploration, n-step building,
+    priorities, sending, its threads).
 Prints one JSON object (and writes it to --out if given).
 """
 
@@ -28,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import redis as redis_py
 import torch
@@ -80,6 +89,51 @@ def raw_env_rate(cfg, seconds: float) -> float:
     return rate
 
 
+class ActionLog(gym.Wrapper):
+    """Records what one env of the actor receives: the seed of its first reset, then each
+    action, and ``None`` for each later reset, for ``replayed_env_rate``."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.seed: int | None = None
+        self.events: list = []
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.seed, self.events = seed, []
+        else:
+            self.events.append(None)
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.events.append(np.array(action) if isinstance(action, np.ndarray) else action)
+        return self.env.step(action)
+
+
+def replayed_env_rate(cfg, log: ActionLog) -> float:
+    """Env steps/s of one env in a plain loop replaying ``log`` from its seed: the env's
+    trajectory under the actor (resets included, as in the actor's loop)."""
+    env = make_env(cfg.env, training=True)
+    env.reset(seed=log.seed)
+    t0 = time.perf_counter()
+    steps = replay_actions(env, list(log.events))
+    rate = steps / (time.perf_counter() - t0)
+    env.close()
+    return rate
+
+
+def replay_actions(env: gym.Env, events: list) -> int:
+    """Steps ``env`` through an ActionLog's events; returns the number of steps."""
+    steps = 0
+    for action in events:
+        if action is None:
+            env.reset()
+        else:
+            env.step(action)
+            steps += 1
+    return steps
+
+
 def actor_rates(actor: Actor, seconds: float, repeats: int) -> list[float]:
     """Env steps/s of one ``actor.run`` over ``repeats`` windows of ``seconds``, after a
     warm-up (env resets, which reload Atari ROMs, and the first inserts) is over."""
@@ -126,10 +180,12 @@ def bench_env(name: str, tmp: Path, redis_url: str, seconds: float, repeats: int
         ps = ParameterClient(services[1].address, client_id="actor:bench")
         os.sched_setaffinity(0, core)  # the actor and its threads on one core
         actor = Actor(cfg, spec, "bench-actor", replay, ps)
+        log = actor.envs[0] = ActionLog(actor.envs[0])
         actor.start()
         raw = [raw_env_rate(cfg, seconds) for _ in range(repeats)]
         ours = actor_rates(actor, seconds, repeats)
         raw += [raw_env_rate(cfg, seconds) for _ in range(repeats)]  # load may have changed
+        same_states = [replayed_env_rate(cfg, log) for _ in range(repeats)]
         actor.stop()
         sent = actor.stats.transitions_sent
         info = replay.info()
@@ -137,10 +193,13 @@ def bench_env(name: str, tmp: Path, redis_url: str, seconds: float, repeats: int
     finally:
         os.sched_setaffinity(0, all_cores)
         stop_services(services)
-    r, a = statistics.median(raw), statistics.median(ours)
+    r, a, rs = statistics.median(raw), statistics.median(ours), statistics.median(same_states)
     return {f"raw_env_steps_per_s_{name}": round(r, 1),
             f"actor_env_steps_per_s_{name}": round(a, 1),
             f"actor_fps_ratio_{name}": round(a / r, 3),
+            f"raw_env_steps_per_s_{name}_actor_actions": round(rs, 1),
+            f"actor_fps_ratio_{name}_actor_actions": round(a / rs, 3),
+            f"actor_overhead_us_per_step_{name}": round(1e6 / a - 1e6 / rs, 2),
             f"actor_envs_per_actor_{name}": cfg.actor.envs_per_actor,
             f"actor_transitions_inserted_{name}": int(info.size) if sent == 0 else int(sent)}
 
