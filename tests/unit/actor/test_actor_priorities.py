@@ -78,17 +78,47 @@ def test_bf16_runs_act_and_score_with_a_bf16_copy_close_to_fp32():
         np.testing.assert_allclose(td, reference_td_abs(actor.model, chunk, spec), atol=0.02 * q_scale)
 
 
-@pytest.mark.parametrize("overrides", [[], ["network.dueling=false"], ["env.frame_stack=3"]])
+PONG = ["env.id=ALE/Pong-v5", "env.frame_stack=4"]
+
+
+@pytest.mark.parametrize("overrides", [[], ["network.dueling=false"], ["env.frame_stack=3"],
+                                       PONG, [*PONG, "network.dueling=false"]])
 def test_acting_q_network_equals_the_models_forward_after_weight_changes(overrides):
+    if overrides[:1] == PONG[:1]:
+        pytest.importorskip("ale_py")
     cfg = load_config(overrides=["algo=dqn", "env.id=CartPole-v1", *overrides])
     spec = env_spec(cfg.env)
     model = build_model(cfg, spec).eval()
     acting = ActingQNetwork(model)
-    obs = np.random.default_rng(0).standard_normal((5, *spec.obs_shape)).astype(np.float32)
+    rng = np.random.default_rng(0)
+    if spec.frame_dtype == np.uint8:  # Atari: frames, through the convolutions' own path
+        assert acting._convs is not None
+        obs = rng.integers(0, 256, (5, *spec.obs_shape), dtype=np.uint8)
+    else:
+        obs = rng.standard_normal((5, *spec.obs_shape)).astype(np.float32)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(-1.5)
     acting.sync()
     with torch.no_grad():
         want = model(torch.from_numpy(obs)).numpy()
-    np.testing.assert_allclose(acting(obs), want, rtol=1e-5, atol=1e-6)
+    got = acting(obs)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bf16")
+@pytest.mark.parametrize("dueling", [True, False])
+def test_bf16_acting_q_network_of_the_nature_cnn_is_close_to_fp32(dueling):
+    pytest.importorskip("ale_py")
+    cfg = load_config(overrides=["algo=dqn", *PONG, f"network.dueling={str(dueling).lower()}"])
+    spec = env_spec(cfg.env)
+    model = build_model(cfg, spec).eval()
+    acting = ActingQNetwork(model, torch.bfloat16)
+    obs = np.random.default_rng(1).integers(0, 256, (8, *spec.obs_shape), dtype=np.uint8)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0)
+        want = model(torch.from_numpy(obs)).numpy()
+    acting.sync()
+    np.testing.assert_allclose(acting(obs), want, atol=0.02 * float(np.abs(want).max()))
