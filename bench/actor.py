@@ -13,9 +13,9 @@ replay, parameter server and Redis run as their own processes, started before pi
     limiter off) with weights from a live parameter server;
   * ``actor_fps_ratio_<env>`` = actor / raw (medians; the raw loop is measured before
     and after the actor, so that a change in machine load shows in both);
-  * ``raw_env_steps_per_s_<env>_actor_actions``: one env in a plain loop replaying the
-    actions the actor's first env received (``ActionLog``), from the same seed: the same
-    trajectory, so the simulator's own cost in the states the actor's policy visits (a
+  * ``raw_env_steps_per_s_<env>_actor_actions``: a plain loop replaying the actions the
+    actor's envs received (``ActionLog``), each env from its seed: the same trajectories,
+    so the simulator's own cost in the states the actor's policy visits (a
     MuJoCo step costs more in some states than in others: HalfCheetah under an untrained
     policy's near-constant actions ~20% more than under uniform random ones), and
     ``actor_overhead_us_per_step_<env>``: what the actor adds per env step to the
@@ -110,33 +110,53 @@ class ActionLog(gym.Wrapper):
         return self.env.step(action)
 
 
-def replayed_env_rate(cfg, log: ActionLog) -> float:
-    """Env steps/s of one env in a plain loop replaying ``log`` from its seed: the env's
-    trajectory under the actor (resets included, as in the actor's loop)."""
-    env = make_env(cfg.env, training=True)
-    env.reset(seed=log.seed)
+def replayed_env_rate(cfg, logs: list[ActionLog], seconds: float) -> float:
+    """Env steps/s of a plain loop replaying the actor's envs' logs, each env from its seed,
+    in the actor's lockstep order (every env one step, then the next step), for up to
+    ``seconds``: the envs' trajectories under the actor (resets included, as in its loop)."""
+    envs = []
+    for log in logs:
+        envs.append(make_env(cfg.env, training=True))
+        envs[-1].reset(seed=log.seed)
     t0 = time.perf_counter()
-    steps = replay_actions(env, list(log.events))
+    steps = replay_lockstep(envs, logs, t0 + seconds)
     rate = steps / (time.perf_counter() - t0)
-    env.close()
+    for env in envs:
+        env.close()
     return rate
 
 
-def replay_actions(env: gym.Env, events: list) -> int:
-    """Steps ``env`` through an ActionLog's events; returns the number of steps."""
+def replay_lockstep(envs: list[gym.Env], logs: list[ActionLog], deadline: float) -> int:
+    """Steps env i through ``logs[i]``, one step of every env per round, until a log ends
+    or ``deadline`` (perf_counter) passes; returns the steps taken."""
+    cursors = [0] * len(logs)
     steps = 0
-    for action in events:
-        if action is None:
-            env.reset()
-        else:
-            env.step(action)
+    while time.perf_counter() < deadline:
+        for i, (env, log) in enumerate(zip(envs, logs)):
+            cursors[i] = replay_step(env, log.events, cursors[i])
+            if cursors[i] < 0:
+                return steps
             steps += 1
     return steps
 
 
-def actor_rates(actor: Actor, seconds: float, repeats: int) -> list[float]:
+def replay_step(env: gym.Env, events: list, cursor: int) -> int:
+    """Replays ``events[cursor:]`` on ``env`` up to and including one step (and the resets
+    before it); returns the cursor after that step, or -1 when the log ends first."""
+    for j in range(cursor, len(events)):
+        if events[j] is None:
+            env.reset()
+        else:
+            env.step(events[j])
+            return j + 1
+    return -1
+
+
+def actor_rates(actor: Actor, seconds: float, repeats: int, logs: list[ActionLog]) -> list[float]:
     """Env steps/s of one ``actor.run`` over ``repeats`` windows of ``seconds``, after a
-    warm-up (env resets, which reload Atari ROMs, and the first inserts) is over."""
+    warm-up (env resets, which reload Atari ROMs, and the first inserts) and ``seconds`` of
+    recording the envs' actions into ``logs``; the envs are unwrapped before measuring, so
+    the windows time the actor's own loop."""
     stop = threading.Event()
     thread = threading.Thread(target=actor.run, args=(stop,), name="bench-actor-run")
     thread.start()
@@ -144,7 +164,10 @@ def actor_rates(actor: Actor, seconds: float, repeats: int) -> list[float]:
         deadline = time.monotonic() + 300
         while actor.stats.transitions_sent == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(1.0)
+        time.sleep(1.0 + seconds)
+        # Same length, replaced in place: the loop steps the unwrapped envs from its next step.
+        actor.envs[:] = [log.env for log in logs]
+        time.sleep(0.5)
         rates = []
         for _ in range(repeats):
             s0, t0 = actor.stats.env_steps, time.perf_counter()
@@ -180,12 +203,12 @@ def bench_env(name: str, tmp: Path, redis_url: str, seconds: float, repeats: int
         ps = ParameterClient(services[1].address, client_id="actor:bench")
         os.sched_setaffinity(0, core)  # the actor and its threads on one core
         actor = Actor(cfg, spec, "bench-actor", replay, ps)
-        log = actor.envs[0] = ActionLog(actor.envs[0])
+        logs = actor.envs[:] = [ActionLog(env) for env in actor.envs]
         actor.start()
         raw = [raw_env_rate(cfg, seconds) for _ in range(repeats)]
-        ours = actor_rates(actor, seconds, repeats)
+        ours = actor_rates(actor, seconds, repeats, logs)
         raw += [raw_env_rate(cfg, seconds) for _ in range(repeats)]  # load may have changed
-        same_states = [replayed_env_rate(cfg, log) for _ in range(repeats)]
+        same_states = [replayed_env_rate(cfg, logs, seconds) for _ in range(repeats)]
         actor.stop()
         sent = actor.stats.transitions_sent
         info = replay.info()

@@ -2,6 +2,7 @@
 seed, retraces the env's trajectory (so the replay's cost is the simulator's in those states)."""
 
 import importlib.util
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -43,9 +44,31 @@ def test_replaying_an_action_log_retraces_the_trajectory_resets_included():
 
     fresh = Observations(make_env(cfg))
     fresh.reset(seed=log.seed)
-    assert bench_actor.replay_actions(fresh, log.events) == 300
+    cursor, steps = 0, 0
+    while (cursor := bench_actor.replay_step(fresh, log.events, cursor)) >= 0:
+        steps += 1
+    assert steps == 300
     np.testing.assert_array_equal(np.array(fresh.seen), np.array(log.env.seen))
 
     # a new seeded reset starts a new log
     log.reset(seed=7)
     assert log.seed == 7 and log.events == []
+
+
+def test_replayed_rate_steps_every_log_in_lockstep_until_the_shortest_ends():
+    cfg = EnvConfig(id="CartPole-v1")
+    logs = []
+    for seed, n in ((1, 50), (2, 80)):
+        log = bench_actor.ActionLog(make_env(cfg))
+        log.reset(seed=seed)
+        for _ in range(n):
+            _, _, terminated, truncated, _ = log.step(0)
+            if terminated or truncated:
+                log.reset()
+        logs.append(log)
+    envs = [make_env(cfg) for _ in logs]
+    for env, log in zip(envs, logs):
+        env.reset(seed=log.seed)
+    deadline = time.perf_counter() + 60.0
+    assert bench_actor.replay_lockstep(envs, logs, deadline) == 2 * 50  # 50 rounds, then log 0 ends
+    assert time.perf_counter() < deadline
