@@ -17,7 +17,7 @@ replay, parameter server and Redis run as their own processes, started before pi
     actor's envs received (``ActionLog``), each env from its seed: the same trajectories,
     so the simulator's own cost in the states the actor's policy visits (a
     MuJoCo step costs more in some states than in others: HalfCheetah under an untrained
-    policy's near-constant actions ~20% more than under uniform random ones), and
+    policy's actions 3-40% more than under uniform random ones, from run to run), and
     ``actor_overhead_us_per_step_<env>``: what the actor adds per env step to the
     simulator's cost of those same states (inference, exploration, n-step building,
     priorities, sending, its threads).

@@ -143,8 +143,9 @@ class ActingQNetwork:
       frame scaling folded into the first one's weights (uint8 values are exact in bf16),
       run NCHW, then the heads as one chain (``_dueling_heads``: both 512-unit hidden
       layers in one GEMM). 16 Pong stacks in bf16 on an AMD EPYC (Zen 4, AVX512-BF16)
-      core: ~2.6 ms against ~3.4 ms for a bf16 copy of the module in channels-last
-      (whose input permute alone took ~0.26 ms) and ~5.3-5.8 ms in fp32; Q-values within
+      core: ~2.5 ms against ~3.4 ms for a bf16 copy of the module in channels-last
+      (whose input permute alone took ~0.26 ms; that copy was chosen on a Sapphire Rapids
+      core, ~1.9 ms there, where this chain is not measured) and ~5.2 ms in fp32; Q-values within
       ~1% of fp32 (the learner of a bf16 run computes in bf16 too). At batch 16 the
       heads' 6.4 MB of bf16 weights are read from memory once per pass: more envs per
       actor share that read;
