@@ -91,15 +91,13 @@ def _dueling_heads(value, advantage, *, transpose_wide: bool = True
     z = [z_V, z_A], then one output layer [w_V per action | W_A - mean_a W_A] with the same
     bias. Equal to the two heads and the combination up to float rounding; one GEMM per
     level instead of two, and no element-wise combination."""
+    depth = _foldable_depth(value, advantage)
     with torch.no_grad():
-        if any(chain[-1][1] for chain in (value, advantage)):
-            return None  # an activation after a head's output: not linear in its last layer
-        if len(value) == 1 and len(advantage) == 1:
+        if depth == 1:
             ((v, _),), ((a, _),) = value, advantage
             weight = a.weight - a.weight.mean(dim=0, keepdim=True) + v.weight
             return [_layer(weight, a.bias - a.bias.mean() + v.bias, False, transpose_wide=transpose_wide)]
-        if (len(value) == 2 and len(advantage) == 2 and value[0][1] and advantage[0][1]
-                and value[0][0].out_features == advantage[0][0].out_features):
+        if depth == 2:
             (vh, _), (v, _) = value
             (ah, _), (a, _) = advantage
             hidden = _layer(torch.cat((vh.weight, ah.weight)), torch.cat((vh.bias, ah.bias)), True,
@@ -107,6 +105,18 @@ def _dueling_heads(value, advantage, *, transpose_wide: bool = True
             weight = torch.cat((v.weight.expand(a.out_features, -1),
                                 a.weight - a.weight.mean(dim=0, keepdim=True)), dim=1)
             return [hidden, _layer(weight, a.bias - a.bias.mean() + v.bias, False, transpose_wide=transpose_wide)]
+    return None
+
+
+def _foldable_depth(value, advantage) -> int | None:
+    """1 or 2 (layers per head) when ``_dueling_heads`` can fold the pair, else None."""
+    if any(chain[-1][1] for chain in (value, advantage)):
+        return None  # an activation after a head's output: not linear in its last layer
+    if len(value) == 1 and len(advantage) == 1:
+        return 1
+    if (len(value) == 2 and len(advantage) == 2 and value[0][1] and advantage[0][1]
+            and value[0][0].out_features == advantage[0][0].out_features):
+        return 2
     return None
 
 
@@ -145,6 +155,8 @@ class ActingQNetwork:
         self._net = model
         self._chains = self._mlp_chains(model) if dtype == torch.float32 else None
         self._convs, self._heads = self._cnn_parts(model)
+        if self._convs is not None:
+            self._in_shape = model.trunk._in_shape
         if dtype != torch.float32 and self._convs is None:
             self._net = copy.deepcopy(model).to(dtype=dtype)
             self._pairs = list(zip(self._net.parameters(), model.parameters()))
@@ -173,7 +185,7 @@ class ActingQNetwork:
         if not (isinstance(model, QNetwork) and isinstance(model.trunk, NatureTrunk)):
             return None, None
         heads = cls._heads(model)
-        if heads is None or (len(heads) == 2 and _dueling_heads(*heads) is None):
+        if heads is None or (len(heads) == 2 and _foldable_depth(*heads) is None):
             return None, None
         convs = [m for m in model.trunk.convs if isinstance(m, torch.nn.Conv2d)]
         return convs, heads
@@ -197,7 +209,6 @@ class ActingQNetwork:
             heads = (_dueling_heads(*self._heads, transpose_wide=False) if len(self._heads) == 2
                      else _plan(self._heads[0], transpose_wide=False))
             self._head_plan = [(w.to(dt), b.to(dt), relu, narrow) for w, b, relu, narrow in heads]
-            self._in_shape = self.model.trunk._in_shape
 
     @torch.inference_mode()
     def __call__(self, obs: np.ndarray) -> np.ndarray:
