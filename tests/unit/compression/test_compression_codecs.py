@@ -248,6 +248,45 @@ def test_error_feedback_never_writes_the_callers_gradients(encoding, preconditio
         assert not torch.equal(residuals[1]["w"], residuals[2]["w"])
 
 
+@pytest.mark.parametrize("encoding", ["bf16", "fp16"])
+def test_low_precision_error_feedback_over_changing_sets_of_tensors_equals_one_tensor_at_a_time(encoding):
+    # bf16/fp16 encode a step's tensors together in one flat buffer (_compress_lowp); each
+    # tensor must get exactly what it would get alone: e = g + r, send round(e), r = e - round(e),
+    # with its residual carried across steps whose sets of tensors differ (TD3's critic-only
+    # steps between actor-and-critic ones), a shape change resetting it, small tensors dense
+    ef = ErrorFeedback(encoding, min_elements=8)
+    gen = torch.Generator().manual_seed(11)
+    shapes = {"actor.w": (6, 5), "critic.w": (4, 9), "critic.b": (9,), "out.b": (3,)}
+    steps = [["actor.w", "critic.w", "critic.b", "out.b"], ["critic.w", "critic.b"],
+             ["actor.w", "critic.w", "critic.b", "out.b"], ["critic.b", "actor.w"],
+             ["actor.w", "critic.w", "critic.b"], ["critic.w", "critic.b"]]
+    ref: dict[str, torch.Tensor] = {}
+    for step, names in enumerate(steps):
+        if step == 4:
+            shapes["critic.w"] = (5, 9)  # the model changed: that residual starts again
+        grads = {n: torch.randn(shapes[n], generator=gen) * 10.0 ** (step - 2) for n in names}
+        if step == 3:
+            grads["critic.b"] = grads["critic.b"].to(torch.bfloat16)  # an autocast-dtype gradient
+        msgs = ef.compress(grads)
+        assert [m.name for m in msgs] == names
+        for m in msgs:
+            g = grads[m.name].float()
+            if g.numel() < 8:
+                assert m.encoding == tensor_pb2.ENCODING_FP32 and torch.equal(decode(m), g)
+                continue
+            r = ref.get(m.name)
+            e = g + r if r is not None and r.shape == g.shape else g.clone()
+            sent = decode(encode(m.name, e, encoding))
+            assert m.data == encode(m.name, e, encoding).data, (step, m.name)
+            assert torch.equal(ef.decoded[m.name], sent) and torch.equal(decode(m), sent)
+            ref[m.name] = e - sent
+            assert torch.equal(ef.residuals[m.name], ref[m.name]), (step, m.name)
+    assert set(ef.residuals) == {"actor.w", "critic.w", "critic.b"}
+    ef.reset()
+    (msg,) = ef.compress({"critic.b": torch.ones(9)})
+    assert torch.equal(decode(msg), torch.ones(9)) and torch.equal(ef.residuals["critic.b"], torch.zeros(9))
+
+
 def test_error_feedback_fp32_is_lossless_and_bf16_keeps_residuals():
     g = torch.randn(100, 30)
     ef = ErrorFeedback("fp32", min_elements=0)
