@@ -48,7 +48,8 @@ Hence:
   at 500.
 * **Apply locally** (``learner.apply_locally``). The learner also applies each push to
   its own replica with the server's optimizer rule (a local ``ParameterStore`` built from
-  the same config, fed the *decoded* message, so exactly what the server will apply), so
+  the same config that steps the replica's weights in place, fed the *decoded* message, so
+  exactly what the server will apply), so
   the next gradient is computed on the weights the server will hold when it arrives: with
   one learner, in-order delivery makes every push's staleness 0 however wide the window and
   however long the round trip -- the overlap of the default mode at the gradient quality
@@ -57,7 +58,8 @@ Hence:
   gone since the last one) brings the server's weights W at its version V, and the
   replica re-bases onto them: ``replica = W + sum of the weight changes of our pushes the
   server had not applied at V`` (those sent after it whose reply is not back or made a
-  version above V). That folds in other learners' pushes and corrects any drift (an Adam
+  version above V; the learner keeps a push's weight change only while such a reply is on
+  its way, a few pushes in every ``pull_lag_versions``). That folds in other learners' pushes and corrects any drift (an Adam
   state that differs from the server's after a server restart; float differences between
   devices); ``stats.rebase_drift`` is the largest |replica - server| a re-base found
   (0.0 with one fp32 CPU learner: the two stores compute the same steps). A push whose
@@ -172,10 +174,11 @@ class Learner:
         self._priorities: queue.Queue = queue.Queue(maxsize=256)
         self.window = self.lcfg.max_pushes_in_flight or min(256, max(1, cfg.paramserver.max_staleness // 2))
         """Pushes in flight at most (see the rule in the module docstring)."""
-        # apply_locally: the server's optimizer rule on a copy of the weights, the weight
-        # change of each push not yet known to be on the server (seq, {name: delta}), and
-        # the version each push's reply reported (seq -> version)
-        self.local = build_store(cfg, self.model, device=self.device) if self.lcfg.apply_locally else None
+        # apply_locally: the server's optimizer rule stepping the replica's own weights, the
+        # weight change of the pushes a re-base may need (seq, {name: delta}; see
+        # _apply_locally), and the version each push's reply reported (seq -> version)
+        self.local = (build_store(cfg, self.model, device=self.device, share=True)
+                      if self.lcfg.apply_locally else None)
         self._seq = 0
         self._unsent: list = []  # apply_locally: steps applied locally, not yet pushed
         self._unsent_base = 0
@@ -193,6 +196,8 @@ class Learner:
         self._resync = threading.Event()  # the next pull fetches the full current weights
         self._newest_seen = 0
         self._weights_push = None  # the newest push that asked for its weights in the reply
+        # apply_locally: that push's reply is not handled yet (its callback clears this)
+        self._weights_push_open = False
         # gradients averaged into the next push while the window is full
         self._acc: dict[str, torch.Tensor] = {}
         self._acc_count: dict[str, int] = {}
@@ -272,7 +277,8 @@ class Learner:
             if not self._want_pull.wait(timeout=0.5):
                 continue
             self._want_pull.clear()
-            resync = self._resync.is_set()
+            # apply_locally asks for pulls only to re-sync (after a failed or rejected push)
+            resync = self._resync.is_set() or self.local is not None
             self._resync.clear()
             try:
                 pending = self._pending_weights
@@ -293,9 +299,8 @@ class Learner:
                 # reply may have brought newer weights meanwhile: keep those.
                 with self._pending_lock:
                     if resync or version > self._newest_held():
-                        # apply_locally: a re-sync forgets the pushes in flight (None),
-                        # a plain pull is placed by versions (-1)
-                        self._pending_weights = ((version, weights, None if resync else -1)
+                        # apply_locally: a re-sync forgets the pushes in flight (None)
+                        self._pending_weights = ((version, weights, None)
                                                  if self.local is not None else (version, weights))
 
     def start(self) -> None:
@@ -359,24 +364,23 @@ class Learner:
         self.algo.on_weights(self.version)
 
     @torch.no_grad()
-    def _rebase(self, version: int, weights: dict, anchor_seq: int | None = -1) -> None:
+    def _rebase(self, version: int, weights: dict, anchor_seq: int | None) -> None:
         """apply_locally: replica = the server's ``weights`` at ``version`` + the changes of our
         pushes not in them (module docstring). ``anchor_seq``: the push whose reply brought
-        them (the ones sent before it are in); -1: a pull, placed by versions alone; None:
-        a re-sync, which forgets every push in flight."""
+        them (the ones sent before it are in); None: a re-sync (a pull) or the start, which
+        forgets every push in flight."""
+        measure = anchor_seq is not None  # else there is nothing of ours to compare
         if anchor_seq is None:
             self._deltas.clear()
             self._made.clear()
             self._unsent.clear()  # computed on weights the server never had
             anchor_seq = self._seq
-        elif anchor_seq < 0:
-            anchor_seq = max((j for j, v in self._made.items() if v <= version), default=-1)
         pending = [d for j, d in self._deltas
                    if j > anchor_seq and (j not in self._made or self._made[j] > version)]
         drift = 0.0
         for name, p in self._params.items():
             w = weights[name].to(self.device)
-            if self._deltas:
+            if measure:
                 own = p.detach().clone()
                 for d in pending:
                     if name in d:
@@ -386,7 +390,6 @@ class Learner:
             for d in pending:
                 if name in d:
                     p.add_(d[name])
-            self.local.params[name].copy_(p)
         self.local.version = version + len(pending)
         if version < self.version - len(pending):
             self.stats.server_rollbacks += 1
@@ -408,16 +411,25 @@ class Learner:
         """The server's step for ``msgs`` on the replica (module docstring, "Apply locally")."""
         # what the server will decode from msgs, kept by the compressor (no decode of our own bytes)
         grads = {m.name: self.compressor.decoded[m.name].to(self.device) for m in msgs}
+        # A re-base adds back the weight change of each push sent after the one whose reply
+        # brought the weights, so that change is kept while such a reply is awaited or its
+        # weights wait to be taken -- for a few pushes in every pull_lag_versions, not for
+        # every push. Read in this order: the reply's callback queues the weights, then clears
+        # the flag.
+        record = self._weights_push_open
+        record = record or self._pending_weights is not None
+        before = {name: self._params[name].detach().clone() for name in grads} if record else None
+        # the store steps the replica's own weights (build_store(share=True))
         self.local.apply(self.local.version, grads, trusted=True,
                          preconditioned={m.name for m in msgs if m.preconditioned})
-        delta = {}
-        for name in grads:
-            p, new = self._params[name], self.local.params[name]
-            delta[name] = new - p
-            p.copy_(new)
-        self._deltas.append((self._seq, delta))
-        if len(self._deltas) > 4 * self.window + 64:  # replies lost and no re-base for long
-            self._made.pop(self._deltas.popleft()[0], None)
+        if before is not None:
+            for name, b in before.items():
+                torch.sub(self._params[name].detach(), b, out=b)  # b = new - old
+            self._deltas.append((self._seq, before))
+            if len(self._deltas) > 4 * self.window + 64:  # replies lost and no re-base for long
+                self._made.pop(self._deltas.popleft()[0], None)
+        # the versions replies reported, kept for the pushes a re-base may still place
+        self._made.pop(self._seq - (4 * self.window + 64), None)
         self.version = self.local.version
         self.algo.on_weights(self.version)
 
@@ -449,6 +461,13 @@ class Learner:
             self._swap_in_new_weights()
 
     # -- pushes ----------------------------------------------------------------------------
+
+    def _push_done(self, fut, sent: float, seqs: list[int]) -> None:
+        try:
+            self._on_push_done(fut, sent, seqs)
+        finally:
+            if fut is self._weights_push:
+                self._weights_push_open = False  # after its weights were queued (_apply_locally)
 
     def _on_push_done(self, fut, sent: float, seqs: list[int]) -> None:
         try:
@@ -602,8 +621,9 @@ class Learner:
                                   more_steps=[(m, b) for m, b, _ in more])
         if ask:
             self._weights_push = fut
+            self._weights_push_open = True
         seqs = [seq for _, _, seq in steps]
-        fut.add_done_callback(lambda f: self._on_push_done(f, sent, seqs))
+        fut.add_done_callback(lambda f: self._push_done(f, sent, seqs))
         self._inflight.append(fut)
         self.stats.push_calls += 1
 

@@ -176,6 +176,33 @@ def test_steps_per_push_sends_consecutive_steps_in_one_call_and_the_server_match
         torch.testing.assert_close(p.detach(), weights[name], rtol=0, atol=1e-5)
 
 
+def test_apply_locally_steps_the_replica_in_place_and_keeps_only_the_changes_a_rebase_needs(system):
+    """The local store steps the model's own weights; the weight change of a push is kept
+    only while a reply that brings weights is awaited or waits to be taken (the pushes a
+    re-base adds back), not for every push -- and the replica still ends on the server's."""
+    learner, _, ps = system("learner.apply_locally=true", "learner.max_pushes_in_flight=2",
+                            "learner.pull_lag_versions=16", "paramserver.max_staleness=16")
+    for name, p in learner.model.named_parameters():
+        assert learner.local.params[name].data_ptr() == p.data_ptr()
+    kept = []
+    deltas = learner._deltas
+
+    class Recording(type(deltas)):
+        def append(self, item):
+            kept.append(item[0])
+            super().append(item)
+    learner._deltas = Recording(deltas)
+    learner.start()
+    _run_updates(learner, 64)
+    learner.stop()
+    assert learner.stats.rebases >= 4 and learner.stats.rebase_drift < 1e-5
+    assert 0 < len(kept) < 32, kept  # a few pushes around each of the ~4 weights replies
+    version, weights = ps.pull(have_version=0)
+    assert version == 64 == learner.version
+    for name, p in learner.model.named_parameters():
+        torch.testing.assert_close(p.detach(), weights[name], rtol=0, atol=1e-5)
+
+
 def test_apply_locally_rebases_onto_pushes_from_another_learner(system):
     """Another learner's push moves the server's weights: the next re-base folds that
     change into the replica, keeping the replica's own pushes in flight on top."""

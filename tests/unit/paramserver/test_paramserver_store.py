@@ -358,3 +358,24 @@ def test_momentum_steps_are_affine_in_the_gradient_and_adam_steps_are_not():
         gap = max(float((w["sum"][n] + w["zero"][n] - w["g1"][n] - w["g2"][n]).abs().max())
                   for n in names)
         assert (gap < 1e-6) == affine, (preconditioned, gap)
+
+
+def test_a_shared_store_steps_the_models_own_weights():
+    # a learner's apply_locally: the store's step moves the replica itself, no copy
+    model = tiny_model()
+    copy_store = ParameterStore.from_model(copy.deepcopy(model), lr=1e-2)
+    shared = ParameterStore.from_model(model, lr=1e-2, share=True)
+    for name, p in model.named_parameters():
+        assert shared.params[name].data_ptr() == p.data_ptr()
+    for step in range(3):
+        grads = grads_for(shared, seed=step)
+        shared.apply(step, grads)
+        copy_store.apply(step, grads)
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), copy_store.params[name].detach()), name
+        assert p.grad is None
+
+
+def test_a_store_cannot_share_a_tensor_it_would_have_to_convert():
+    with pytest.raises(InvalidArgument, match="w: cannot share a torch.float64 tensor"):
+        ParameterStore({"w": torch.zeros(3, dtype=torch.float64)}, share=True)
