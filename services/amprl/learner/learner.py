@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import queue
 import threading
 import time
@@ -653,13 +654,19 @@ class Learner:
         """One update on ``item`` = (Batch, keys); returns True (the batch was consumed)."""
         batch, keys = item
         names = self.algo.trainable_names(self.stats.updates)
-        self.model.zero_grad(set_to_none=True)
+        for p in self._params.values():  # model.zero_grad(set_to_none=True) without its ~10 us
+            p.grad = None
         with self.precision.autocast():
             loss, td_abs = self.algo.loss(batch, self.stats.updates)
         self.precision.backward(loss)
         params = [self._params[n] for n in names if self._params[n].grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.lcfg.grad_clip_norm)
-        finite = bool(torch.isfinite(norm))
+        # clip_grad_norm_, without its multiply by 1.0 of every gradient when the norm is
+        # under the limit (the common case): the same gradients, one pass fewer
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        norm_value = float(norm)
+        finite = math.isfinite(norm_value)
+        if finite and norm_value > self.lcfg.grad_clip_norm:
+            torch.nn.utils.clip_grads_with_norm_(params, self.lcfg.grad_clip_norm, norm)
         self.precision.update()
         if td_abs is not None:
             prios = td_abs.detach().float().cpu().numpy() + self.cfg.replay.priority_epsilon
@@ -682,7 +689,7 @@ class Learner:
         if self.lcfg.pull_lag_versions == 0:
             self._sync_weights()
         self.stats.updates += 1
-        self.stats.grad_norm = float(norm)
+        self.stats.grad_norm = norm_value
         self._loss_sum += float(loss.detach())
         self._loss_n += 1
         if self._loss_n >= 50:

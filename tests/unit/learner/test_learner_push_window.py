@@ -4,6 +4,7 @@ server whose pushes complete only when the test says so (no gRPC, no threads sta
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import threading
 
 import pytest
@@ -305,3 +306,24 @@ def test_a_reply_offered_while_newer_weights_are_being_loaded_is_not_a_rollback(
 def test_window_settings_out_of_range_fail_at_load_naming_the_key(override, key):
     with pytest.raises(errors.ConfigError, match=key):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize("limit", [1e-3, 1e6])
+def test_the_pushed_gradient_is_clipped_to_the_norm_limit_and_the_pre_clip_norm_recorded(limit):
+    learner, ps = _learner("learner.max_pushes_in_flight=4", f"learner.grad_clip_norm={limit}")
+    item = _batch(learner, 3)
+    ref = copy.deepcopy(learner.model)  # the same update by hand, with torch's own clipping
+    batch, _ = item
+    loss, _ = learner.algo.loss(batch, 0)
+    loss.backward()
+    for (name, p), (_, q) in zip(learner.model.named_parameters(), ref.named_parameters()):
+        q.grad = p.grad.detach().clone()
+        p.grad = None
+    expected_norm = float(torch.nn.utils.clip_grad_norm_(list(ref.parameters()), limit))
+    learner.update(item)
+    _, pushed, _, _ = ps.pushes[-1]
+    assert learner.stats.grad_norm == pytest.approx(expected_norm, rel=1e-6)
+    total = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in pushed.values()])))
+    assert total == pytest.approx(min(limit, expected_norm), rel=1e-5)
+    for name, q in ref.named_parameters():
+        torch.testing.assert_close(pushed[name], q.grad, rtol=1e-6, atol=1e-9)
