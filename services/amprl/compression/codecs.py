@@ -415,9 +415,10 @@ class ErrorFeedback:
     def _compress_lowp(self, items: list[tuple[str, torch.Tensor]]) -> list[tensor_pb2.CompressedTensor]:
         """bf16 / fp16 with error feedback for several tensors at once: the same element-wise
         steps as one tensor at a time (e = g + r, send e rounded, r <- e - rounded), each run
-        once over all of them in one flat buffer -- six tensor operations per step instead of
-        six per tensor (on a CPU learner with a handful of 256-wide layers the per-operation
-        cost, not the arithmetic, was most of the encoding's time).
+        once over all of them in one flat buffer: add, round, widen, subtract and the byte
+        copy once per step instead of once per tensor (on a CPU learner with a handful of
+        256-wide layers the per-operation cost, not the arithmetic, was most of the
+        encoding's time: 93 -> 66 us for the MLP 256x256 gradients).
 
         The residuals of the step's tensors live in one flat fp32 buffer, ``residuals[name]``
         being views into it, kept while the next steps carry the same tensors; a step with a

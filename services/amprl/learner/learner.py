@@ -46,25 +46,25 @@ Hence:
   and DQN learns markedly steadier: with a mean staleness of 2-4 versions (the overlapped
   default) CartPole's greedy return oscillated (~300 after 50k steps) instead of settling
   at 500.
-* **Apply locally** (``learner.apply_locally``). The learner also applies each push to
-  its own replica with the server's optimizer rule (a local ``ParameterStore`` built from
-  the same config that steps the replica's weights in place, fed the *decoded* message, so
-  exactly what the server will apply), so
-  the next gradient is computed on the weights the server will hold when it arrives: with
-  one learner, in-order delivery makes every push's staleness 0 however wide the window and
-  however long the round trip -- the overlap of the default mode at the gradient quality
-  of the synchronous one. The replica is still the server's: a push that asks for its
-  weights in the reply (one in flight at a time, when ``pull_lag_versions`` pushes have
-  gone since the last one) brings the server's weights W at its version V, and the
-  replica re-bases onto them: ``replica = W + sum of the weight changes of our pushes the
-  server had not applied at V`` (those sent after it whose reply is not back or made a
-  version above V; the learner keeps a push's weight change only while such a reply is on
-  its way, a few pushes in every ``pull_lag_versions``). That folds in other learners' pushes and corrects any drift (an Adam
-  state that differs from the server's after a server restart; float differences between
-  devices); ``stats.rebase_drift`` is the largest |replica - server| a re-base found
-  (0.0 with one fp32 CPU learner: the two stores compute the same steps). A push whose
-  reply comes back without weights (a model over one message) leaves the replica on its
-  own steps until a re-sync. Needs ``pull_lag_versions`` >= 1.
+* **Apply locally** (``learner.apply_locally``). The learner also applies each push to its
+  own replica with the server's optimizer rule (a local ``ParameterStore`` built from the
+  same config that steps the replica's weights in place, fed the *decoded* message, so
+  exactly what the server will apply), so the next gradient is computed on the weights the
+  server will hold when it arrives: with one learner, in-order delivery makes every push's
+  staleness 0 however wide the window and however long the round trip -- the overlap of
+  the default mode at the gradient quality of the synchronous one. The replica is still
+  the server's: a push that asks for its weights in the reply (one in flight at a time,
+  when ``pull_lag_versions`` pushes have gone since the last one) brings the server's
+  weights W at its version V, and the replica re-bases onto them: ``replica = W + sum of
+  the weight changes of our pushes the server had not applied at V`` (those sent after it
+  whose reply is not back or made a version above V; the learner keeps a push's weight
+  change only while such a reply is on its way, a few pushes in every
+  ``pull_lag_versions``). That folds in other learners' pushes and corrects any drift (an
+  Adam state that differs from the server's after a server restart; float differences
+  between devices); ``stats.rebase_drift`` is the largest |replica - server| a re-base
+  found (0.0 with one fp32 CPU learner: the two stores compute the same steps). A push
+  whose reply comes back without weights (a model over one message) leaves the replica on
+  its own steps until a re-sync. Needs ``pull_lag_versions`` >= 1.
 * **Several steps per call** (``learner.steps_per_push``, apply_locally only). Since the
   replica already holds each step, consecutive steps can travel together: K steps in one
   PushGradients call (``more_steps``), step i computed on base_version + i, applied by the
