@@ -17,7 +17,8 @@ on the device) and precision (fp32, bf16, fp16 with its GradScaler) it measures,
     same Adam step as the plain loop and re-bases onto the server's weights every 64
     pushes; 4 steps per call with bf16 gradients), TD3 as halfcheetah-td3.yaml (two pushes in flight, new weights pulled back in
     the background);
-and prints one JSON object with the medians over ``--repeats`` and ``updates_ratio_vs_plain``.
+and prints one JSON object with the medians over ``--repeats`` and ``updates_ratio_vs_plain``
+(and, per repeat, ``<case>_<precision>_updates_ratio_per_repeat``).
 On CUDA (``--device``, default: CUDA when present) it also records the peak GPU memory
 allocated by each loop (``<case>_<precision>_peak_mem_mib`` for the learner,
 ``..._plain_peak_mem_mib`` for the plain loop).
@@ -206,6 +207,9 @@ def main() -> int:
                     results[f"{key}_updates_per_s"] = round(statistics.median(ours), 1)
                     results[f"{key}_plain_torch_updates_per_s"] = round(statistics.median(plain), 1)
                     results[f"{key}_updates_ratio_vs_plain"] = round(statistics.median(ours) / statistics.median(plain), 3)
+                    # each repeat's own pair (the two loops run back to back): the spread shows
+                    # how much of a difference between runs is this machine's noise
+                    results[f"{key}_updates_ratio_per_repeat"] = [round(o / q, 3) for o, q in zip(ours, plain)]
                     if cuda:
                         results[f"{key}_peak_mem_mib"] = round(max(ours_mem), 1)
                         results[f"{key}_plain_peak_mem_mib"] = round(max(plain_mem), 1)
