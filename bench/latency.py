@@ -131,7 +131,7 @@ def main() -> int:
     # the same experiment with the plain bounded window of configs/cartpole-dqn.yaml
     base = load_config(args.config, args.overrides + fixed + [
         "learner.apply_locally=false", "learner.max_pushes_in_flight=2",
-        "learner.max_batches_per_push=1", "learner.pull_lag_versions=1"])
+        "learner.max_batches_per_push=1", "learner.pull_lag_versions=1", "learner.steps_per_push=1"])
     spec = env_spec(cfg.env)
     runs: dict[int, list[dict]] = {r: [] for r in RTTS_MS}
     baseline: dict[int, dict] = {}
