@@ -428,8 +428,8 @@ class Learner:
                 torch.sub(self._params[name].detach(), b, out=b)  # b = new - old
             self._deltas.append((self._seq, before))
             if len(self._deltas) > 4 * self.window + 64:  # replies lost and no re-base for long
-                self._made.pop(self._deltas.popleft()[0], None)
-        # the versions replies reported, kept for the pushes a re-base may still place
+                self._deltas.popleft()
+        # the versions replies reported, kept for as many pushes back (one pop per push)
         self._made.pop(self._seq - (4 * self.window + 64), None)
         self.version = self.local.version
         self.algo.on_weights(self.version)
