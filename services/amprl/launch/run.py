@@ -61,6 +61,7 @@ class Progress:
         self.replay_size = 0
         self.version = 0
         self.updates = 0
+        self.q_mean = 0.0
         self.evaluations: list = []
         self._rate_window: list[tuple[float, int, int]] = []
 
@@ -89,7 +90,7 @@ class Progress:
         self.version = r.version
 
     def _on_learner(self, r):
-        self.updates = r.updates
+        self.updates, self.q_mean = r.updates, r.q_mean
 
     def _on_eval(self, r):
         self.evaluations = list(r.evaluations)
@@ -106,7 +107,8 @@ class Progress:
         last = self.evaluations[-1] if self.evaluations else None
         ev = f"{last.mean_return:7.1f} (v{last.param_version})" if last else "      -"
         return (f"[{elapsed:6.1f}s] env steps {self.env_steps:>9,d} ({sps:7,.0f}/s)  updates {self.updates:>7,d} "
-                f"({ups:5.0f}/s)  replay {self.replay_size:>8,d}  version {self.version:>7,d}  eval {ev}")
+                f"({ups:5.0f}/s)  Q {self.q_mean:7.2f}  replay {self.replay_size:>8,d}  version {self.version:>7,d}  "
+                f"eval {ev}")
 
     def close(self):
         for ch in self.channels:
@@ -239,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             "final_eval_std": evals[-1].std_return if evals else None,
             "best_eval_return": max((e.mean_return for e in evals), default=None),
             "env_steps": progress.env_steps, "updates": progress.updates,
+            # the learner's mean Q(s, a) over its last 50 updates (see LearnerStats.q_mean)
+            "learner_q_mean": round(progress.q_mean, 3),
             "param_version": progress.version, "wall_seconds": round(wall, 2),
             # measured from the moment every service was serving (startup_seconds before it)
             "time_to_target_seconds": round(first_hit.unix_time - t0_unix, 2) if first_hit else None,

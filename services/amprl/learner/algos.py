@@ -59,12 +59,13 @@ class DQNAlgo:
     def trainable_names(self, update_index: int) -> list[str]:
         return self._names
 
-    def loss(self, batch: Batch, update_index: int):
+    def loss(self, batch: Batch, update_index: int, info: dict | None = None):
+        """``(loss, td_abs)`` of ``batch``; ``info`` receives ``q_mean`` (see dqn_loss)."""
         targets = None
         if self._targets_thread is not None:
             targets = self._targets_thread.submit(self._targets, batch, _caller_autocast(self.device)).result
         return dqn.dqn_loss(self.model, self.target, batch, double=self.cfg.double,
-                            huber_delta=self.cfg.huber_delta, targets=targets)
+                            huber_delta=self.cfg.huber_delta, targets=targets, info=info)
 
     def _targets(self, batch: Batch, autocast) -> torch.Tensor:
         with autocast:  # autocast is per thread: the update thread's, passed on
@@ -120,10 +121,11 @@ class TD3Algo:
     def trainable_names(self, update_index: int) -> list[str]:
         return self._all if self.policy_step(update_index) else self._critic
 
-    def loss(self, batch: Batch, update_index: int):
+    def loss(self, batch: Batch, update_index: int, info: dict | None = None):
+        """``(loss, td_abs)`` of ``batch``; ``info`` receives ``q_mean`` (see td3_critic_loss)."""
         loss, td_abs = td3.td3_critic_loss(self.model, self.target.module, batch,
                                            noise=self.cfg.target_noise,
-                                           noise_clip=self.cfg.target_noise_clip)
+                                           noise_clip=self.cfg.target_noise_clip, info=info)
         if self.policy_step(update_index):
             loss = loss + td3.td3_actor_loss(self.model, batch.obs)
         return loss, td_abs

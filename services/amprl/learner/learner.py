@@ -112,6 +112,9 @@ from amprl.rl.models import build_model
 
 log = logging.getLogger(__name__)
 
+LOG_WINDOW = 50
+"""Updates averaged into the reported loss and mean Q."""
+
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
@@ -126,6 +129,10 @@ class LearnerStats:
     stale_rejections: int = 0
     push_errors: int = 0
     loss: float = 0.0
+    """Mean loss over the last logging window (``LOG_WINDOW`` updates)."""
+    q_mean: float = 0.0
+    """Mean Q(s, a) of the trained batches over the last logging window (DQN: the online
+    network; TD3: critic 1). Far above r_max / (1 - gamma) means the Q-function diverged."""
     grad_norm: float = 0.0
     priority_updates: int = 0
     pushes: int = 0
@@ -208,6 +215,7 @@ class Learner:
         self._batches_pushed = 0
         self._threads: list[threading.Thread] = []
         self._loss_sum = 0.0
+        self._q_sum = 0.0
         self._loss_n = 0
 
     # -- background threads -------------------------------------------------------------
@@ -656,8 +664,9 @@ class Learner:
         names = self.algo.trainable_names(self.stats.updates)
         for p in self._params.values():  # model.zero_grad(set_to_none=True) without its ~10 us
             p.grad = None
+        info: dict = {}
         with self.precision.autocast():
-            loss, td_abs = self.algo.loss(batch, self.stats.updates)
+            loss, td_abs = self.algo.loss(batch, self.stats.updates, info)
         self.precision.backward(loss)
         params = [self._params[n] for n in names if self._params[n].grad is not None]
         # clip_grad_norm_, without its multiply by 1.0 of every gradient when the norm is
@@ -690,10 +699,14 @@ class Learner:
             self._sync_weights()
         self.stats.updates += 1
         self.stats.grad_norm = norm_value
-        self._loss_sum += float(loss.detach())
+        # one device sync for both figures
+        loss_value, q_value = torch.stack([loss.detach().float(), info["q_mean"]]).tolist()
+        self._loss_sum += loss_value
+        self._q_sum += q_value
         self._loss_n += 1
-        if self._loss_n >= 50:
-            self.stats.loss, self._loss_sum, self._loss_n = self._loss_sum / self._loss_n, 0.0, 0
+        if self._loss_n >= LOG_WINDOW:
+            self.stats.loss, self.stats.q_mean = self._loss_sum / self._loss_n, self._q_sum / self._loss_n
+            self._loss_sum, self._q_sum, self._loss_n = 0.0, 0.0, 0
         return True
 
     def run(self, stop: threading.Event, max_updates: int | None = None) -> None:

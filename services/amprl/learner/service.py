@@ -14,7 +14,7 @@ class LearnerServicer(telemetry_pb2_grpc.LearnerServiceServicer):
     def Info(self, request, context):
         s, lr = self.learner.stats, self.learner
         return telemetry_pb2.LearnerServiceInfoResponse(
-            updates=s.updates, skipped_nonfinite=s.skipped_nonfinite, loss=s.loss,
+            updates=s.updates, skipped_nonfinite=s.skipped_nonfinite, loss=s.loss, q_mean=s.q_mean,
             grad_norm=s.grad_norm, param_version=lr.version, device=str(lr.device),
             precision=lr.lcfg.precision, grad_scale=lr.precision.scale,
             stale_rejections=s.stale_rejections, prefetch_queue=lr.queue_size)

@@ -38,13 +38,16 @@ def dqn_targets(online: nn.Module, target: nn.Module, batch: Batch, *,
 
 def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool = True,
              huber_delta: float = 1.0,
-             targets: Callable[[], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             targets: Callable[[], torch.Tensor] | None = None,
+             info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(loss, td_abs)``: the IS-weighted mean Huber loss (scalar, float32, with
     grad through ``online``) and the per-sample |Q(s,a) - y| ([B], float32, detached).
 
     Runs under the caller's autocast; Q values are promoted to float32 before the loss.
     ``targets``: returns y (``dqn_targets`` of the same batch) when called after the online
     forward pass over s, e.g. the result of a future computing it on another thread.
+    ``info``: when given, receives ``"q_mean"``, the batch's mean Q(s, a) (a detached float32
+    scalar tensor, so reading it costs no extra device sync of its own).
     """
     q_all = online(batch.obs).float()
     q = q_all.gather(1, batch.actions.long().reshape(-1, 1)).squeeze(1)
@@ -52,6 +55,8 @@ def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool
     delta = q - y
     per_sample = F.huber_loss(q, y, reduction="none", delta=huber_delta)
     loss = (weights_or_ones(batch, per_sample) * per_sample).mean()
+    if info is not None:
+        info["q_mean"] = q.detach().mean()
     return loss, delta.detach().abs()
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61mprl/v1/telemetry.proto\x12\x08\x61mprl.v1\"\x1b\n\x19LearnerServiceInfoRequest\"\xe9\x01\n\x1aLearnerServiceInfoResponse\x12\x0f\n\x07updates\x18\x01 \x01(\x04\x12\x19\n\x11skipped_nonfinite\x18\x02 \x01(\x04\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x11\n\tgrad_norm\x18\x04 \x01(\x01\x12\x15\n\rparam_version\x18\x05 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x11\n\tprecision\x18\x07 \x01(\t\x12\x12\n\ngrad_scale\x18\x08 \x01(\x01\x12\x18\n\x10stale_rejections\x18\t \x01(\x04\x12\x16\n\x0eprefetch_queue\x18\n \x01(\r\"\x19\n\x17\x41\x63torServiceInfoRequest\"\xaa\x01\n\x18\x41\x63torServiceInfoResponse\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x11\n\tenv_steps\x18\x02 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x03 \x01(\x04\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\x15\n\rparam_version\x18\x05 \x01(\x04\x12\x15\n\rrecent_return\x18\x06 \x01(\x01\x12\x18\n\x10transitions_sent\x18\x07 \x01(\x04\"\x1d\n\x1b\x45valuatorServiceInfoRequest\"\x9a\x01\n\nEvaluation\x12\x15\n\rparam_version\x18\x01 \x01(\x04\x12\x13\n\x0bmean_return\x18\x02 \x01(\x01\x12\x12\n\nstd_return\x18\x03 \x01(\x01\x12\x10\n\x08\x65pisodes\x18\x04 \x01(\r\x12\x11\n\tenv_steps\x18\x05 \x01(\x04\x12\x14\n\x0cwall_seconds\x18\x06 \x01(\x01\x12\x11\n\tunix_time\x18\x07 \x01(\x01\"I\n\x1c\x45valuatorServiceInfoResponse\x12)\n\x0b\x65valuations\x18\x01 \x03(\x0b\x32\x14.amprl.v1.Evaluation2c\n\x0eLearnerService\x12Q\n\x04Info\x12#.amprl.v1.LearnerServiceInfoRequest\x1a$.amprl.v1.LearnerServiceInfoResponse2]\n\x0c\x41\x63torService\x12M\n\x04Info\x12!.amprl.v1.ActorServiceInfoRequest\x1a\".amprl.v1.ActorServiceInfoResponse2i\n\x10\x45valuatorService\x12U\n\x04Info\x12%.amprl.v1.EvaluatorServiceInfoRequest\x1a&.amprl.v1.EvaluatorServiceInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61mprl/v1/telemetry.proto\x12\x08\x61mprl.v1\"\x1b\n\x19LearnerServiceInfoRequest\"\xf9\x01\n\x1aLearnerServiceInfoResponse\x12\x0f\n\x07updates\x18\x01 \x01(\x04\x12\x19\n\x11skipped_nonfinite\x18\x02 \x01(\x04\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x11\n\tgrad_norm\x18\x04 \x01(\x01\x12\x15\n\rparam_version\x18\x05 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x11\n\tprecision\x18\x07 \x01(\t\x12\x12\n\ngrad_scale\x18\x08 \x01(\x01\x12\x18\n\x10stale_rejections\x18\t \x01(\x04\x12\x16\n\x0eprefetch_queue\x18\n \x01(\r\x12\x0e\n\x06q_mean\x18\x0b \x01(\x01\"\x19\n\x17\x41\x63torServiceInfoRequest\"\xaa\x01\n\x18\x41\x63torServiceInfoResponse\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x11\n\tenv_steps\x18\x02 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x03 \x01(\x04\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\x15\n\rparam_version\x18\x05 \x01(\x04\x12\x15\n\rrecent_return\x18\x06 \x01(\x01\x12\x18\n\x10transitions_sent\x18\x07 \x01(\x04\"\x1d\n\x1b\x45valuatorServiceInfoRequest\"\x9a\x01\n\nEvaluation\x12\x15\n\rparam_version\x18\x01 \x01(\x04\x12\x13\n\x0bmean_return\x18\x02 \x01(\x01\x12\x12\n\nstd_return\x18\x03 \x01(\x01\x12\x10\n\x08\x65pisodes\x18\x04 \x01(\r\x12\x11\n\tenv_steps\x18\x05 \x01(\x04\x12\x14\n\x0cwall_seconds\x18\x06 \x01(\x01\x12\x11\n\tunix_time\x18\x07 \x01(\x01\"I\n\x1c\x45valuatorServiceInfoResponse\x12)\n\x0b\x65valuations\x18\x01 \x03(\x0b\x32\x14.amprl.v1.Evaluation2c\n\x0eLearnerService\x12Q\n\x04Info\x12#.amprl.v1.LearnerServiceInfoRequest\x1a$.amprl.v1.LearnerServiceInfoResponse2]\n\x0c\x41\x63torService\x12M\n\x04Info\x12!.amprl.v1.ActorServiceInfoRequest\x1a\".amprl.v1.ActorServiceInfoResponse2i\n\x10\x45valuatorService\x12U\n\x04Info\x12%.amprl.v1.EvaluatorServiceInfoRequest\x1a&.amprl.v1.EvaluatorServiceInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,21 +34,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEARNERSERVICEINFOREQUEST']._serialized_start=38
   _globals['_LEARNERSERVICEINFOREQUEST']._serialized_end=65
   _globals['_LEARNERSERVICEINFORESPONSE']._serialized_start=68
-  _globals['_LEARNERSERVICEINFORESPONSE']._serialized_end=301
-  _globals['_ACTORSERVICEINFOREQUEST']._serialized_start=303
-  _globals['_ACTORSERVICEINFOREQUEST']._serialized_end=328
-  _globals['_ACTORSERVICEINFORESPONSE']._serialized_start=331
-  _globals['_ACTORSERVICEINFORESPONSE']._serialized_end=501
-  _globals['_EVALUATORSERVICEINFOREQUEST']._serialized_start=503
-  _globals['_EVALUATORSERVICEINFOREQUEST']._serialized_end=532
-  _globals['_EVALUATION']._serialized_start=535
-  _globals['_EVALUATION']._serialized_end=689
-  _globals['_EVALUATORSERVICEINFORESPONSE']._serialized_start=691
-  _globals['_EVALUATORSERVICEINFORESPONSE']._serialized_end=764
-  _globals['_LEARNERSERVICE']._serialized_start=766
-  _globals['_LEARNERSERVICE']._serialized_end=865
-  _globals['_ACTORSERVICE']._serialized_start=867
-  _globals['_ACTORSERVICE']._serialized_end=960
-  _globals['_EVALUATORSERVICE']._serialized_start=962
-  _globals['_EVALUATORSERVICE']._serialized_end=1067
+  _globals['_LEARNERSERVICEINFORESPONSE']._serialized_end=317
+  _globals['_ACTORSERVICEINFOREQUEST']._serialized_start=319
+  _globals['_ACTORSERVICEINFOREQUEST']._serialized_end=344
+  _globals['_ACTORSERVICEINFORESPONSE']._serialized_start=347
+  _globals['_ACTORSERVICEINFORESPONSE']._serialized_end=517
+  _globals['_EVALUATORSERVICEINFOREQUEST']._serialized_start=519
+  _globals['_EVALUATORSERVICEINFOREQUEST']._serialized_end=548
+  _globals['_EVALUATION']._serialized_start=551
+  _globals['_EVALUATION']._serialized_end=705
+  _globals['_EVALUATORSERVICEINFORESPONSE']._serialized_start=707
+  _globals['_EVALUATORSERVICEINFORESPONSE']._serialized_end=780
+  _globals['_LEARNERSERVICE']._serialized_start=782
+  _globals['_LEARNERSERVICE']._serialized_end=881
+  _globals['_ACTORSERVICE']._serialized_start=883
+  _globals['_ACTORSERVICE']._serialized_end=976
+  _globals['_EVALUATORSERVICE']._serialized_start=978
+  _globals['_EVALUATORSERVICE']._serialized_end=1083
 # @@protoc_insertion_point(module_scope)

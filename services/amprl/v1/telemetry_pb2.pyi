@@ -53,6 +53,7 @@ class LearnerServiceInfoResponse(_message.Message):
     GRAD_SCALE_FIELD_NUMBER: _builtins.int
     STALE_REJECTIONS_FIELD_NUMBER: _builtins.int
     PREFETCH_QUEUE_FIELD_NUMBER: _builtins.int
+    Q_MEAN_FIELD_NUMBER: _builtins.int
     updates: _builtins.int
     """Optimizer updates computed and pushed (skipped steps not included)."""
     skipped_nonfinite: _builtins.int
@@ -73,6 +74,10 @@ class LearnerServiceInfoResponse(_message.Message):
     """Pushes rejected as too stale (the learner then re-synced)."""
     prefetch_queue: _builtins.int
     """Batches waiting in the prefetch queue."""
+    q_mean: _builtins.float
+    """Mean Q(s, a) of the trained batches over the last logging window (DQN: the online
+    network; TD3: critic 1). Far above r_max / (1 - gamma) means the Q-function diverged.
+    """
     def __init__(
         self,
         *,
@@ -86,10 +91,11 @@ class LearnerServiceInfoResponse(_message.Message):
         grad_scale: _builtins.float = ...,
         stale_rejections: _builtins.int = ...,
         prefetch_queue: _builtins.int = ...,
+        q_mean: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "grad_norm", b"grad_norm", "grad_scale", b"grad_scale", "loss", b"loss", "param_version", b"param_version", "precision", b"precision", "prefetch_queue", b"prefetch_queue", "skipped_nonfinite", b"skipped_nonfinite", "stale_rejections", b"stale_rejections", "updates", b"updates"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "grad_norm", b"grad_norm", "grad_scale", b"grad_scale", "loss", b"loss", "param_version", b"param_version", "precision", b"precision", "prefetch_queue", b"prefetch_queue", "q_mean", b"q_mean", "skipped_nonfinite", b"skipped_nonfinite", "stale_rejections", b"stale_rejections", "updates", b"updates"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

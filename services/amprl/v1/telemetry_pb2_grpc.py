@@ -47,7 +47,7 @@ class LearnerServiceServicer:
     """
 
     def Info(self, request, context):
-        """Update counters, last loss and gradient norm.
+        """Update counters, last loss, mean Q and gradient norm.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,7 +36,7 @@ class LearnerServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> LearnerServiceAsyncStub: ...
     Info: _grpc.UnaryUnaryMultiCallable[_telemetry_pb2.LearnerServiceInfoRequest, _telemetry_pb2.LearnerServiceInfoResponse]
-    """Update counters, last loss and gradient norm."""
+    """Update counters, last loss, mean Q and gradient norm."""
 
 @_typing.type_check_only
 class LearnerServiceAsyncStub(LearnerServiceStub):
@@ -44,7 +44,7 @@ class LearnerServiceAsyncStub(LearnerServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Info: _aio.UnaryUnaryMultiCallable[_telemetry_pb2.LearnerServiceInfoRequest, _telemetry_pb2.LearnerServiceInfoResponse]  # type: ignore[assignment]
-    """Update counters, last loss and gradient norm."""
+    """Update counters, last loss, mean Q and gradient norm."""
 
 class LearnerServiceServicer(metaclass=_abc_1.ABCMeta):
     """Learner status."""
@@ -55,7 +55,7 @@ class LearnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _telemetry_pb2.LearnerServiceInfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_telemetry_pb2.LearnerServiceInfoResponse, _abc.Awaitable[_telemetry_pb2.LearnerServiceInfoResponse]]:
-        """Update counters, last loss and gradient norm."""
+        """Update counters, last loss, mean Q and gradient norm."""
 
 def add_LearnerServiceServicer_to_server(servicer: LearnerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

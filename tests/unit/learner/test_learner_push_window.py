@@ -14,7 +14,7 @@ from amprl import errors
 from amprl.compression import decode, encode
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
-from amprl.learner.learner import Learner
+from amprl.learner.learner import LOG_WINDOW, Learner
 from amprl.rl.batch import Batch
 
 
@@ -327,3 +327,22 @@ def test_the_pushed_gradient_is_clipped_to_the_norm_limit_and_the_pre_clip_norm_
     assert total == pytest.approx(min(limit, expected_norm), rel=1e-5)
     for name, q in ref.named_parameters():
         torch.testing.assert_close(pushed[name], q.grad, rtol=1e-6, atol=1e-9)
+
+
+def test_reported_loss_and_mean_q_average_the_last_log_window():
+    learner, ps = _learner("learner.max_pushes_in_flight=4")
+    losses, qs = [], []
+    for i in range(LOG_WINDOW):
+        item = _batch(learner, i)
+        batch, _ = item
+        with torch.no_grad():  # the figures of this update, by hand, on the weights it uses
+            q_all = learner.model(batch.obs)
+            qs.append(float(q_all.gather(1, batch.actions.reshape(-1, 1)).mean()))
+            losses.append(float(learner.algo.loss(batch, i)[0]))
+        assert learner.stats.q_mean == 0.0  # nothing reported before a whole window
+        learner.update(item)
+        for j, push in enumerate(ps.pushes):  # the server applies each push at once
+            if not push[3].done():
+                ps.reply(j)
+    assert learner.stats.q_mean == pytest.approx(sum(qs) / LOG_WINDOW, rel=1e-5)
+    assert learner.stats.loss == pytest.approx(sum(losses) / LOG_WINDOW, rel=1e-5)

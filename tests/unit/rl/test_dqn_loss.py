@@ -57,6 +57,9 @@ def test_loss_and_td_abs_by_hand():
     # A: Q(s0,1) = 2, y = 5.145, |delta| = 3.145 -> huber 3.145 - 0.5; B: Q(s1,0) = 3, y = 2, |delta| = 1 -> 0.5
     torch.testing.assert_close(td, torch.tensor([3.145, 1.0]))
     torch.testing.assert_close(loss, torch.tensor((2.645 + 0.5) / 2))
+    info = {}
+    dqn_loss(online, target, batch(), info=info)
+    torch.testing.assert_close(info["q_mean"], torch.tensor((2.0 + 3.0) / 2))  # Q(s0,1), Q(s1,0)
     loss.backward()
     assert target.weight.grad is None  # no gradient through the target
     g = online.weight.grad  # [action, state]

@@ -89,6 +89,9 @@ def test_critic_loss_by_hand_with_is_weights_and_priority_from_critic1():
     torch.testing.assert_close(loss, want)
     torch.testing.assert_close(td, (1.0 - y).abs())
     torch.testing.assert_close(td3_td_abs(online, target, b), (1.0 - y).abs())
+    info = {}
+    td3_critic_loss(online, target, b, info=info)
+    torch.testing.assert_close(info["q_mean"], torch.tensor(1.0))  # critic 1's, not critic 2's -1
     loss.backward()
     assert all(p.grad is None for p in online.actor.parameters())
     assert all(p.grad is None for p in target.parameters())
