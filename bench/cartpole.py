@@ -1,10 +1,13 @@
 """CartPole through the whole system: median time- and steps-to-target over seeds.
 
     python bench/cartpole.py --seeds 3 [--grad-encoding onebit] [--rtt-ms 300] [--set key=value ...]
+                             [--keep-runs DIR]
 
 Runs `amprl run configs/cartpole-dqn.yaml` once per seed, one after another, each for the
 config's whole step budget (run.stop_at_target=false) so the final evaluation shows whether
-the policy stays solved. Prints one JSON line.
+the policy stays solved. Prints one JSON line. The run folders go to a temporary folder
+removed at the end, or with ``--keep-runs DIR`` to DIR/seed<N> (to look at a seed that ended
+low afterwards, e.g. ``python bench/qvalues.py DIR/seed0``).
 
 ``--rtt-ms R`` runs each seed with ``bench/wanrun.py`` instead: the same services, but the
 learner reaches the parameter server through a DelayRelay adding R/2 ms each way (actors
@@ -34,6 +37,7 @@ def main() -> int:
                    help="round trip between learner and parameter server (via bench/wanrun.py)")
     p.add_argument("--stop-at-target", action="store_true", help="stop each run at the target (faster, no final-eval check)")
     p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--keep-runs", default="", metavar="DIR", help="keep each seed's run folder as DIR/seed<N>")
     args = p.parse_args()
     overrides = list(args.overrides)
     overrides.append(f"run.stop_at_target={'true' if args.stop_at_target else 'false'}")
@@ -42,7 +46,7 @@ def main() -> int:
     summaries = []
     with tempfile.TemporaryDirectory(prefix="amprl-bench-cartpole-") as tmp:
         for seed in range(args.seeds):
-            run_dir = Path(tmp) / f"seed{seed}"
+            run_dir = Path(args.keep_runs or tmp) / f"seed{seed}"
             cmd = [sys.executable, "-m", "amprl.cli", "run", args.config, "--run-dir", str(run_dir),
                    "--progress-interval", "5", "--set", f"run.seed={seed}"]
             if args.rtt_ms is not None:
