@@ -10,9 +10,10 @@ gap (best minus second-best Q).
 
 What it is for: telling a policy that ended low because its Q-function diverged from one
 that is merely under-trained. With rewards of at most r per step and discount gamma, no
-Q-value can exceed r / (1 - gamma) (CartPole: 1 / 0.01 = 100); a mean far above that bound
-is over-estimation (bench/results/cartpole-adam-eps-sweep.json), a mean well below it with a
-low return is a policy that has not learnt yet.
+Q-value can exceed r / (1 - gamma) (CartPole: 100 at gamma 0.99, 200 at the default
+config's 0.995); a mean far above that bound is over-estimation
+(bench/results/cartpole-adam-eps-sweep.json), a mean well below it with a low return is a
+policy that has not learnt yet.
 """
 
 from __future__ import annotations
