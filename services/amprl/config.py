@@ -56,6 +56,9 @@ class DQNConfig:
     """Return horizon computed by actors (Ape-X: 3)."""
     double: bool = True
     """Double DQN: the online network picks the bootstrap action, the target net scores it."""
+    clipped_double: bool = False
+    """With double: bootstrap from the lower of the target and online nets' values of the
+    chosen action (clipped double Q, Fujimoto et al. 2018), against over-estimation."""
     huber_delta: float = 1.0
     """Huber loss threshold on the TD error."""
     target_update_period: int = 250
@@ -451,6 +454,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if cfg.learner.overlap_targets and cfg.algo != "dqn":
         raise ConfigError(f"learner.overlap_targets: DQN only (algo is {cfg.algo!r}; TD3's "
                           f"update runs on one thread)")
+    if cfg.dqn.clipped_double and not cfg.dqn.double:
+        raise ConfigError("dqn.clipped_double: needs dqn.double: true (it clips the target "
+                          "net's value of the online net's chosen action)")
     return cfg
 
 

@@ -4,6 +4,12 @@ The target for transition i (Hessel et al. 2018; Horgan et al. 2018, Ape-X):
 
     y_i = R_i + D_i * Q_target(s'_i, argmax_a Q_online(s'_i, a))     (double)
     y_i = R_i + D_i * max_a Q_target(s'_i, a)                         (plain)
+    y_i = R_i + D_i * min(Q_target(s'_i, a*), Q_online(s'_i, a*)),
+          a* = argmax_a Q_online(s'_i, a)                                 (clipped double)
+
+The clipped form is the clipped double Q-learning of Fujimoto et al. 2018 (TD3) with DQN's
+two networks as the pair: the bootstrap value is the lower of the two estimates of the
+chosen action, which damps over-estimation growing through the bootstrap.
 
 with R_i the n-step return sum_{k<n} gamma^k r_{t+k} and D_i = gamma^k (k steps taken, 0
 when the episode terminated within them), both computed by the actors; gamma is already
@@ -24,20 +30,26 @@ from amprl.rl.batch import Batch, weights_or_ones
 
 
 def dqn_targets(online: nn.Module, target: nn.Module, batch: Batch, *,
-                double: bool = True) -> torch.Tensor:
-    """y = R + D * Q_target(s', a*), a* from the online net (double) or the target net."""
+                double: bool = True, clipped: bool = False) -> torch.Tensor:
+    """y = R + D * Q_target(s', a*), a* from the online net (double) or the target net;
+    ``clipped`` (with ``double``): the lower of Q_target(s', a*) and Q_online(s', a*)."""
+    if clipped and not double:
+        raise ValueError("clipped double Q needs double=True")
     with torch.no_grad():
         q_next_target = target(batch.next_obs).float()
         if double:
-            a_star = online(batch.next_obs).argmax(dim=1, keepdim=True)
+            q_next_online = online(batch.next_obs).float()
+            a_star = q_next_online.argmax(dim=1, keepdim=True)
             q_next = q_next_target.gather(1, a_star).squeeze(1)
+            if clipped:
+                q_next = torch.minimum(q_next, q_next_online.gather(1, a_star).squeeze(1))
         else:
             q_next = q_next_target.max(dim=1).values
         return batch.rewards.float() + batch.discounts.float() * q_next
 
 
 def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool = True,
-             huber_delta: float = 1.0,
+             clipped: bool = False, huber_delta: float = 1.0,
              targets: Callable[[], torch.Tensor] | None = None,
              info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(loss, td_abs)``: the IS-weighted mean Huber loss (scalar, float32, with
@@ -51,7 +63,8 @@ def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool
     """
     q_all = online(batch.obs).float()
     q = q_all.gather(1, batch.actions.long().reshape(-1, 1)).squeeze(1)
-    y = targets() if targets is not None else dqn_targets(online, target, batch, double=double)
+    y = (targets() if targets is not None
+         else dqn_targets(online, target, batch, double=double, clipped=clipped))
     delta = q - y
     per_sample = F.huber_loss(q, y, reduction="none", delta=huber_delta)
     loss = (weights_or_ones(batch, per_sample) * per_sample).mean()
@@ -61,7 +74,7 @@ def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool
 
 
 def dqn_td_abs(online: nn.Module, target: nn.Module, batch: Batch, *,
-               double: bool = True) -> torch.Tensor:
+               double: bool = True, clipped: bool = False) -> torch.Tensor:
     """|delta| without a graph: an actor's initial priorities (pass its network as both)."""
     with torch.no_grad():
         if online is target:
@@ -72,7 +85,7 @@ def dqn_td_abs(online: nn.Module, target: nn.Module, batch: Batch, *,
             y = batch.rewards.float() + batch.discounts.float() * q_both[b:].max(dim=1).values
             return (q - y).abs()
         q = online(batch.obs).float().gather(1, batch.actions.long().reshape(-1, 1)).squeeze(1)
-        return (q - dqn_targets(online, target, batch, double=double)).abs()
+        return (q - dqn_targets(online, target, batch, double=double, clipped=clipped)).abs()
 
 
 def greedy_actions(model: nn.Module, obs: torch.Tensor | np.ndarray) -> torch.Tensor:

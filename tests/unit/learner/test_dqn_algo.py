@@ -73,3 +73,31 @@ def test_overlapped_targets_equal_the_one_thread_path(autocast, monkeypatch):
 def test_overlap_targets_is_dqn_only():
     with pytest.raises(errors.ConfigError, match="learner.overlap_targets"):
         load_config("configs/pendulum-td3.yaml", ["learner.overlap_targets=true"])
+
+
+def test_clipped_double_needs_double():
+    with pytest.raises(errors.ConfigError, match="dqn.clipped_double"):
+        load_config("configs/cartpole-dqn.yaml", ["dqn.clipped_double=true", "dqn.double=false"])
+
+
+@pytest.mark.parametrize("overlap", ["false", "true"])
+def test_clipped_double_reaches_the_targets_on_both_paths(overlap):
+    sets = ["network.hidden_sizes=[32, 32]", f"learner.overlap_targets={overlap}"]
+    cfg = load_config(None, sets + ["dqn.clipped_double=true"])
+    spec = env_spec(cfg.env)
+    torch.manual_seed(0)
+    model = build_model(cfg, spec)
+    algo = DQNAlgo(cfg, model, torch.device("cpu"))
+    try:
+        with torch.no_grad():
+            for p in algo.target.module.parameters():
+                p.mul_(1.5)  # the target net scores higher, so the clip changes y
+        batch = make_batch(spec)
+        _, td_abs = algo.loss(batch, 0)
+        q = model(batch.obs).gather(1, batch.actions.reshape(-1, 1)).squeeze(1)
+        clipped = dqn.dqn_targets(model, algo.target, batch, double=True, clipped=True)
+        unclipped = dqn.dqn_targets(model, algo.target, batch, double=True)
+        assert not torch.allclose(clipped, unclipped)
+        torch.testing.assert_close(td_abs, (q - clipped).abs().detach())
+    finally:
+        algo.close()

@@ -39,6 +39,22 @@ def test_double_dqn_target_takes_online_argmax_and_target_value():
     torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 5.0, 2.0]))
 
 
+def test_clipped_double_target_takes_the_lower_of_both_nets_values_of_the_online_argmax():
+    online = [[1.0, 2.0], [3.0, 0.5], [0.0, 4.0]]
+    y = dqn_targets(table(online), table(TARGET_Q), batch(), double=True, clipped=True)
+    # a* = 0 at s1; min(Q_target(s1, 0) = 5, Q_online(s1, 0) = 3) = 3
+    torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 3.0, 2.0]))
+    # where the target net is the lower one it is kept: Q_online(s1, 0) = 6 > 5
+    online[1] = [6.0, 0.5]
+    y = dqn_targets(table(online), table(TARGET_Q), batch(), double=True, clipped=True)
+    torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 5.0, 2.0]))
+
+
+def test_clipped_without_double_is_an_error():
+    with pytest.raises(ValueError, match="double"):
+        dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=False, clipped=True)
+
+
 def test_plain_dqn_target_takes_target_max():
     y = dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=False)
     torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 7.0, 2.0]))
