@@ -59,7 +59,7 @@ class DQNConfig:
     clipped_double: bool = False
     """With double: bootstrap from the lower of the target and online nets' values of the
     chosen action (clipped double Q, Fujimoto et al. 2018), against over-estimation. Not in
-    the CartPole config: it learnt faster but diverged as often (cartpole-dqn.yaml's comment)."""
+    the CartPole config: it learnt faster but diverged no less (cartpole-dqn.yaml's comment)."""
     huber_delta: float = 1.0
     """Huber loss threshold on the TD error."""
     target_update_period: int = 250

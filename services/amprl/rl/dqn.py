@@ -38,11 +38,11 @@ def dqn_targets(online: nn.Module, target: nn.Module, batch: Batch, *,
     with torch.no_grad():
         q_next_target = target(batch.next_obs).float()
         if double:
-            q_next_online = online(batch.next_obs).float()
+            q_next_online = online(batch.next_obs)
             a_star = q_next_online.argmax(dim=1, keepdim=True)
             q_next = q_next_target.gather(1, a_star).squeeze(1)
             if clipped:
-                q_next = torch.minimum(q_next, q_next_online.gather(1, a_star).squeeze(1))
+                q_next = torch.minimum(q_next, q_next_online.gather(1, a_star).squeeze(1).float())
         else:
             q_next = q_next_target.max(dim=1).values
         return batch.rewards.float() + batch.discounts.float() * q_next
