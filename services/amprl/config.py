@@ -8,6 +8,7 @@ Overrides use dotted keys: ``--set learner.batch_size=64``.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,10 @@ class DQNConfig:
     """With double: bootstrap from the lower of the target and online nets' values of the
     chosen action (clipped double Q, Fujimoto et al. 2018), against over-estimation. Not in
     the CartPole config: it learnt faster but diverged no less (cartpole-dqn.yaml's comment)."""
+    bootstrap_max: float | None = None
+    """Cap on the bootstrap value Q(s', a*) in the learner's targets: a bound no return can
+    exceed, r_max / (1 - gamma) for rewards at most r_max (CartPole, rewards 1 at gamma
+    0.995: 200). null = no cap."""
     huber_delta: float = 1.0
     """Huber loss threshold on the TD error."""
     target_update_period: int = 250
@@ -367,6 +372,9 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):  # only `X | None`: null, or an X
+        (inner,) = [t for t in typing.get_args(tp) if t is not type(None)]
+        return None if value is None else _coerce(value, inner, key)
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:

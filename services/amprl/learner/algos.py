@@ -65,13 +65,13 @@ class DQNAlgo:
         if self._targets_thread is not None:
             targets = self._targets_thread.submit(self._targets, batch, _caller_autocast(self.device)).result
         return dqn.dqn_loss(self.model, self.target, batch, double=self.cfg.double,
-                            clipped=self.cfg.clipped_double,
+                            clipped=self.cfg.clipped_double, bootstrap_max=self.cfg.bootstrap_max,
                             huber_delta=self.cfg.huber_delta, targets=targets, info=info)
 
     def _targets(self, batch: Batch, autocast) -> torch.Tensor:
         with autocast:  # autocast is per thread: the update thread's, passed on
             return dqn.dqn_targets(self.model, self.target, batch, double=self.cfg.double,
-                                    clipped=self.cfg.clipped_double)
+                                    clipped=self.cfg.clipped_double, bootstrap_max=self.cfg.bootstrap_max)
 
     def close(self) -> None:
         if self._targets_thread is not None:

@@ -11,6 +11,10 @@ The clipped form is the clipped double Q-learning of Fujimoto et al. 2018 (TD3) 
 two networks as the pair: the bootstrap value is the lower of the two estimates of the
 chosen action, which damps over-estimation growing through the bootstrap.
 
+``bootstrap_max`` (optional) caps the bootstrap value Q(s', a*) at a known bound on any
+return: with rewards at most r_max, no discounted return exceeds r_max / (1 - gamma), so a
+larger estimate is over-estimation, and capping it keeps the target from feeding it back.
+
 with R_i the n-step return sum_{k<n} gamma^k r_{t+k} and D_i = gamma^k (k steps taken, 0
 when the episode terminated within them), both computed by the actors; gamma is already
 in D, so the loss takes no gamma. No gradient flows through y. The loss is
@@ -30,9 +34,11 @@ from amprl.rl.batch import Batch, weights_or_ones
 
 
 def dqn_targets(online: nn.Module, target: nn.Module, batch: Batch, *,
-                double: bool = True, clipped: bool = False) -> torch.Tensor:
+                double: bool = True, clipped: bool = False,
+                bootstrap_max: float | None = None) -> torch.Tensor:
     """y = R + D * Q_target(s', a*), a* from the online net (double) or the target net;
-    ``clipped`` (with ``double``): the lower of Q_target(s', a*) and Q_online(s', a*)."""
+    ``clipped`` (with ``double``): the lower of Q_target(s', a*) and Q_online(s', a*);
+    ``bootstrap_max``: Q(s', a*) capped at that value."""
     if clipped and not double:
         raise ValueError("clipped double Q needs double=True")
     with torch.no_grad():
@@ -45,11 +51,13 @@ def dqn_targets(online: nn.Module, target: nn.Module, batch: Batch, *,
                 q_next = torch.minimum(q_next, q_next_online.gather(1, a_star).squeeze(1).float())
         else:
             q_next = q_next_target.max(dim=1).values
+        if bootstrap_max is not None:
+            q_next = q_next.clamp(max=bootstrap_max)
         return batch.rewards.float() + batch.discounts.float() * q_next
 
 
 def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool = True,
-             clipped: bool = False, huber_delta: float = 1.0,
+             clipped: bool = False, bootstrap_max: float | None = None, huber_delta: float = 1.0,
              targets: Callable[[], torch.Tensor] | None = None,
              info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(loss, td_abs)``: the IS-weighted mean Huber loss (scalar, float32, with
@@ -64,7 +72,7 @@ def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool
     q_all = online(batch.obs).float()
     q = q_all.gather(1, batch.actions.long().reshape(-1, 1)).squeeze(1)
     y = (targets() if targets is not None
-         else dqn_targets(online, target, batch, double=double, clipped=clipped))
+         else dqn_targets(online, target, batch, double=double, clipped=clipped, bootstrap_max=bootstrap_max))
     delta = q - y
     per_sample = F.huber_loss(q, y, reduction="none", delta=huber_delta)
     loss = (weights_or_ones(batch, per_sample) * per_sample).mean()

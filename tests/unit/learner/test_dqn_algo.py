@@ -101,3 +101,30 @@ def test_clipped_double_reaches_the_targets_on_both_paths(overlap):
         torch.testing.assert_close(td_abs, (q - clipped).abs().detach())
     finally:
         algo.close()
+
+
+@pytest.mark.parametrize("overlap", ["false", "true"])
+def test_bootstrap_max_reaches_the_targets_on_both_paths(overlap):
+    cfg = load_config(None, ["network.hidden_sizes=[32, 32]", f"learner.overlap_targets={overlap}",
+                             "dqn.bootstrap_max=0.05"])
+    spec = env_spec(cfg.env)
+    torch.manual_seed(0)
+    model = build_model(cfg, spec)
+    algo = DQNAlgo(cfg, model, torch.device("cpu"))
+    try:
+        batch = make_batch(spec)
+        _, td_abs = algo.loss(batch, 0)
+        q = model(batch.obs).gather(1, batch.actions.reshape(-1, 1)).squeeze(1)
+        capped = dqn.dqn_targets(model, algo.target, batch, double=True, bootstrap_max=0.05)
+        assert not torch.allclose(capped, dqn.dqn_targets(model, algo.target, batch, double=True))
+        torch.testing.assert_close(td_abs, (q - capped).abs().detach())
+    finally:
+        algo.close()
+
+
+def test_bootstrap_max_is_null_or_a_number():
+    assert load_config(None, []).dqn.bootstrap_max is None
+    assert load_config(None, ["dqn.bootstrap_max=null"]).dqn.bootstrap_max is None
+    assert load_config(None, ["dqn.bootstrap_max=200"]).dqn.bootstrap_max == 200.0
+    with pytest.raises(errors.ConfigError, match="dqn.bootstrap_max: expected a number"):
+        load_config(None, ["dqn.bootstrap_max=high"])

@@ -55,6 +55,20 @@ def test_clipped_without_double_is_an_error():
         dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=False, clipped=True)
 
 
+def test_bootstrap_max_caps_the_bootstrap_value_not_the_return():
+    # double: Q_target(s1, a*=0) = 5 is capped at 4; the terminal sample keeps its return
+    y = dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=True, bootstrap_max=4.0)
+    torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 4.0, 2.0]))
+    # plain: max Q_target(s1) = 7 is capped too; a cap above it changes nothing
+    y = dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=False, bootstrap_max=6.0)
+    torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 6.0, 2.0]))
+    y = dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=True, bootstrap_max=5.5)
+    torch.testing.assert_close(y, dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=True))
+    # the loss uses the capped target
+    _, td_abs = dqn_loss(table(ONLINE_Q), table(TARGET_Q), batch(), double=True, bootstrap_max=4.0)
+    torch.testing.assert_close(td_abs, torch.tensor([abs(2.0 - (1.5 + 0.729 * 4.0)), abs(3.0 - 2.0)]))
+
+
 def test_plain_dqn_target_takes_target_max():
     y = dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=False)
     torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 7.0, 2.0]))
