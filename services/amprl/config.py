@@ -64,7 +64,8 @@ class DQNConfig:
     bootstrap_max: float | None = None
     """Cap on the bootstrap value Q(s', a*) in the learner's targets: a bound no return can
     exceed, r_max / (1 - gamma) for rewards at most r_max (CartPole, rewards 1 at gamma
-    0.995: 200). null = no cap."""
+    0.995: 200). null = no cap. Not in the CartPole config: it removed the over-estimation
+    there but not the low endings that came with it (cartpole-dqn.yaml's comment)."""
     huber_delta: float = 1.0
     """Huber loss threshold on the TD error."""
     target_update_period: int = 250
