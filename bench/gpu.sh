@@ -47,7 +47,9 @@ timeout -s INT 120 "$py" -m pytest -q -p no:cacheprovider tests/unit/compression
     tests/unit/rl/test_batch.py >"$out/pytest-cuda.txt" 2>&1
 echo "pytest rc=$? $(tail -n 1 "$out/pytest-cuda.txt")"
 
-run=$(mktemp -d)/cartpole
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+run=$tmp/cartpole
 timeout -s INT 150 "$py" -m amprl.cli run configs/cartpole-dqn.yaml --run-dir "$run" --progress-interval 10 \
     --set run.stop_at_target=false >"$out/cartpole-run.txt" 2>&1
 echo "cartpole rc=$?"
