@@ -40,6 +40,8 @@ class DQNAlgo:
         self.device = device
         self.target = TargetNetwork.for_dqn(model, cfg.dqn)
         self._names = [n for n, p in model.named_parameters() if p.requires_grad]
+        self._target_args = dict(double=cfg.dqn.double, clipped=cfg.dqn.clipped_double,
+                                 bootstrap_max=cfg.dqn.bootstrap_max)  # how y is formed, both paths
         # learner.overlap_targets: y on a second thread, overlapped with the online forward
         # over s. Both only read the weights, which change between updates, never during one.
         self._targets_thread = None
@@ -64,14 +66,12 @@ class DQNAlgo:
         targets = None
         if self._targets_thread is not None:
             targets = self._targets_thread.submit(self._targets, batch, _caller_autocast(self.device)).result
-        return dqn.dqn_loss(self.model, self.target, batch, double=self.cfg.double,
-                            clipped=self.cfg.clipped_double, bootstrap_max=self.cfg.bootstrap_max,
+        return dqn.dqn_loss(self.model, self.target, batch, **self._target_args,
                             huber_delta=self.cfg.huber_delta, targets=targets, info=info)
 
     def _targets(self, batch: Batch, autocast) -> torch.Tensor:
         with autocast:  # autocast is per thread: the update thread's, passed on
-            return dqn.dqn_targets(self.model, self.target, batch, double=self.cfg.double,
-                                    clipped=self.cfg.clipped_double, bootstrap_max=self.cfg.bootstrap_max)
+            return dqn.dqn_targets(self.model, self.target, batch, **self._target_args)
 
     def close(self) -> None:
         if self._targets_thread is not None:

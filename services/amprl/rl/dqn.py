@@ -11,14 +11,14 @@ The clipped form is the clipped double Q-learning of Fujimoto et al. 2018 (TD3) 
 two networks as the pair: the bootstrap value is the lower of the two estimates of the
 chosen action, which damps over-estimation growing through the bootstrap.
 
-``bootstrap_max`` (optional) caps the bootstrap value Q(s', a*) at a known bound on any
-return: with rewards at most r_max, no discounted return exceeds r_max / (1 - gamma), so a
-larger estimate is over-estimation, and capping it keeps the target from feeding it back.
-
 with R_i the n-step return sum_{k<n} gamma^k r_{t+k} and D_i = gamma^k (k steps taken, 0
 when the episode terminated within them), both computed by the actors; gamma is already
 in D, so the loss takes no gamma. No gradient flows through y. The loss is
 mean_i(w_i * huber(Q_online(s_i, a_i) - y_i)) and |delta_i| is the new priority.
+
+``bootstrap_max`` (optional) caps the bootstrap value Q(s', a*) at a known bound on any
+return: with rewards at most r_max, no discounted return exceeds r_max / (1 - gamma), so a
+larger estimate is over-estimation, and capping it keeps the target from feeding it back.
 """
 
 from __future__ import annotations
