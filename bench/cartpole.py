@@ -1,13 +1,21 @@
 """CartPole through the whole system: median time- and steps-to-target over seeds.
 
-    python bench/cartpole.py --seeds 3 [--grad-encoding onebit] [--rtt-ms 300] [--set key=value ...]
-                             [--keep-runs DIR]
+    python bench/cartpole.py --seeds 3 [--first-seed 0] [--grad-encoding onebit] [--rtt-ms 300]
+                             [--set key=value ...] [--keep-runs DIR]
 
 Runs `amprl run configs/cartpole-dqn.yaml` once per seed, one after another, each for the
 config's whole step budget (run.stop_at_target=false) so the final evaluation shows whether
 the policy stays solved. Prints one JSON line. The run folders go to a temporary folder
 removed at the end, or with ``--keep-runs DIR`` to DIR/seed<N> (to look at a seed that ended
 low afterwards, e.g. ``python bench/qvalues.py DIR/seed0``).
+
+Besides the medians, the line holds what a sweep over many seeds compares (e.g. ``--first-seed
+36 --seeds 70 --set dqn.bootstrap_max=200``, bench/results/cartpole-gamma-sweep.json):
+``finals_at_target`` (seeds whose final evaluation reached the target), ``never_solved``,
+``late_evals_below_target`` (evaluations in the second half of the run under the
+target, and how many there were: a policy that solves and then slides shows here) and each
+seed's ``learner_q_mean_per_seed`` (the learner's mean Q(s, a) at the end; with rewards of at
+most r_max it cannot honestly exceed r_max / (1 - gamma)).
 
 ``--rtt-ms R`` runs each seed with ``bench/wanrun.py`` instead: the same services, but the
 learner reaches the parameter server through a DelayRelay adding R/2 ms each way (actors
@@ -28,9 +36,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def sweep_figures(summaries: list[dict], evals: list[list[dict]]) -> dict:
+    """Whether the seeds stay solved: finals at the target, seeds never solved, evaluations in
+    the second half of each seed's run under the target, the learner's final mean Q."""
+    late = [[e for e in ev if e["env_steps"] >= s["env_steps"] / 2] for s, ev in zip(summaries, evals)]
+    solved = [s["time_to_target_seconds"] for s in summaries if s["time_to_target_seconds"] is not None]
+    return {
+        "finals_at_target": sum(s["final_eval_return"] is not None and s["final_eval_return"] >= s["target_return"]
+                                for s in summaries),
+        "never_solved": sum(s["time_to_target_seconds"] is None for s in summaries),
+        # the sweeps' median: over the seeds that solved (the headline median needs them all)
+        "median_time_to_target_solved_seconds": statistics.median(solved) if solved else None,
+        "late_evals_below_target": sum(e["mean_return"] < s["target_return"]
+                                       for s, lt in zip(summaries, late) for e in lt),
+        "late_evals": sum(len(lt) for lt in late),
+        "learner_q_mean_per_seed": [s.get("learner_q_mean") for s in summaries],
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds FIRST .. FIRST+SEEDS-1")
     p.add_argument("--config", default=str(ROOT / "configs/cartpole-dqn.yaml"))
     p.add_argument("--grad-encoding", default="", choices=["", "fp32", "bf16", "fp16", "onebit"])
     p.add_argument("--rtt-ms", type=float, default=None,
@@ -43,9 +70,9 @@ def main() -> int:
     overrides.append(f"run.stop_at_target={'true' if args.stop_at_target else 'false'}")
     if args.grad_encoding:
         overrides.append(f"learner.grad_encoding={args.grad_encoding}")
-    summaries = []
+    summaries, evals = [], []
     with tempfile.TemporaryDirectory(prefix="amprl-bench-cartpole-") as tmp:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             run_dir = Path(args.keep_runs or tmp) / f"seed{seed}"
             cmd = [sys.executable, "-m", "amprl.cli", "run", args.config, "--run-dir", str(run_dir),
                    "--progress-interval", "5", "--set", f"run.seed={seed}"]
@@ -61,6 +88,9 @@ def main() -> int:
                 print(json.dumps({"error": f"seed {seed} failed with exit code {proc.returncode}"}))
                 return 1
             summaries.append(json.loads(summary_path.read_text()))
+            eval_path = run_dir / "eval.jsonl"
+            evals.append([json.loads(line) for line in eval_path.read_text().splitlines() if line.strip()]
+                         if eval_path.exists() else [])
     ttt = [s["time_to_target_seconds"] for s in summaries]
     stt = [s["steps_to_target"] for s in summaries]
     solved = [t for t in ttt if t is not None]
@@ -74,6 +104,7 @@ def main() -> int:
         "overrides": overrides,
         "rtt_ms": args.rtt_ms,
         "seeds": args.seeds,
+        "first_seed": args.first_seed,
         "solved_seeds": len(solved),
         "time_to_target_seconds": med(ttt),
         "steps_to_target": med(stt),
@@ -84,6 +115,7 @@ def main() -> int:
         "updates_per_seed": [s["updates"] for s in summaries],
         "wall_seconds_per_seed": [s["wall_seconds"] for s in summaries],
         "startup_seconds_per_seed": [s["startup_seconds"] for s in summaries],
+        **sweep_figures(summaries, evals),
     }))
     return 0
 
