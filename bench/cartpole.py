@@ -34,6 +34,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from curve import read_run  # noqa: E402  (bench/curve.py: a run folder's evaluations and summary)
 
 
 def sweep_figures(summaries: list[dict], evals: list[list[dict]]) -> dict:
@@ -87,13 +89,12 @@ def main() -> int:
                 print(proc.stdout[-3000:], file=sys.stderr)
                 print(json.dumps({"error": f"seed {seed} failed with exit code {proc.returncode}"}))
                 return 1
-            summaries.append(json.loads(summary_path.read_text()))
-            eval_path = run_dir / "eval.jsonl"
-            evals.append([json.loads(line) for line in eval_path.read_text().splitlines() if line.strip()]
-                         if eval_path.exists() else [])
+            run_evals, summary = read_run(run_dir)
+            summaries.append(summary)
+            evals.append(run_evals)
     ttt = [s["time_to_target_seconds"] for s in summaries]
     stt = [s["steps_to_target"] for s in summaries]
-    solved = [t for t in ttt if t is not None]
+    figures = sweep_figures(summaries, evals)
 
     def med(xs):
         xs = [x for x in xs if x is not None]
@@ -105,7 +106,7 @@ def main() -> int:
         "rtt_ms": args.rtt_ms,
         "seeds": args.seeds,
         "first_seed": args.first_seed,
-        "solved_seeds": len(solved),
+        "solved_seeds": len(summaries) - figures["never_solved"],
         "time_to_target_seconds": med(ttt),
         "steps_to_target": med(stt),
         "time_to_target_seconds_per_seed": ttt,
@@ -115,7 +116,7 @@ def main() -> int:
         "updates_per_seed": [s["updates"] for s in summaries],
         "wall_seconds_per_seed": [s["wall_seconds"] for s in summaries],
         "startup_seconds_per_seed": [s["startup_seconds"] for s in summaries],
-        **sweep_figures(summaries, evals),
+        **figures,
     }))
     return 0
 

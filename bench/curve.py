@@ -26,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def read_run(run_dir: Path) -> tuple[list[dict], dict]:
-    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
+    """A run folder's evaluations (none if it has no ``eval.jsonl``) and its summary ({} if none)."""
+    eval_path = run_dir / "eval.jsonl"
+    evals = ([json.loads(line) for line in eval_path.read_text().splitlines() if line.strip()]
+             if eval_path.exists() else [])
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return evals, summary

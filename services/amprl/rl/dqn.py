@@ -82,7 +82,7 @@ def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool
 
 
 def dqn_td_abs(online: nn.Module, target: nn.Module, batch: Batch, *,
-               double: bool = True, clipped: bool = False) -> torch.Tensor:
+               double: bool = True) -> torch.Tensor:
     """|delta| without a graph: an actor's initial priorities (pass its network as both)."""
     with torch.no_grad():
         if online is target:
@@ -93,7 +93,7 @@ def dqn_td_abs(online: nn.Module, target: nn.Module, batch: Batch, *,
             y = batch.rewards.float() + batch.discounts.float() * q_both[b:].max(dim=1).values
             return (q - y).abs()
         q = online(batch.obs).float().gather(1, batch.actions.long().reshape(-1, 1)).squeeze(1)
-        return (q - dqn_targets(online, target, batch, double=double, clipped=clipped)).abs()
+        return (q - dqn_targets(online, target, batch, double=double)).abs()
 
 
 def greedy_actions(model: nn.Module, obs: torch.Tensor | np.ndarray) -> torch.Tensor:
