@@ -2,12 +2,16 @@
 
 Every service reads the same file (a ConfigMap on Kubernetes). ``load_config`` rejects an
 unknown key or a bad value with a ConfigError naming the key, before any process starts.
-Overrides use dotted keys: ``--set learner.batch_size=64``.
+Overrides use dotted keys: ``--set learner.batch_size=64``; values are YAML scalars, and a key
+that wants a number also takes exponent notation as Python writes it (``1e-6``, which YAML 1.1
+itself reads as a string). NaN and infinities are refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -371,8 +375,16 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
 }
 
 
+# YAML 1.1 (PyYAML) reads 1e-6, 1E6 and 1.0e6 as strings: a float needs a dot and a signed
+# exponent (1.0e-6). Numbers written the way Python and every other tool write them are
+# taken as numbers where the key wants one.
+_EXPONENT_NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)[eE][-+]?\d+")
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
+    if tp in (int, float) and isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+        value = float(value)
     if origin in (types.UnionType, typing.Union):  # only `X | None`: null, or an X
         (inner,) = [t for t in typing.get_args(tp) if t is not type(None)]
         return None if value is None else _coerce(value, inner, key)
@@ -403,6 +415,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

@@ -1,0 +1,52 @@
+"""The experiment config: numbers as people write them, and the errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from amprl.config import load_config
+from amprl.errors import ConfigError
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1e-6", 1e-6), ("1E-6", 1e-6), ("2.5e-4", 2.5e-4), ("1.0e-6", 1e-6), (".5e-3", 5e-4),
+    ("0.00023", 2.3e-4), ("3", 3.0),
+])
+def test_float_overrides_take_exponent_notation(text, expected):
+    # PyYAML reads 1e-6 (no dot, or an unsigned exponent) as a string.
+    cfg = load_config(None, [f"paramserver.adam_eps={text}"])
+    assert cfg.paramserver.adam_eps == pytest.approx(expected)
+    assert isinstance(cfg.paramserver.adam_eps, float)
+
+
+def test_exponent_notation_in_a_yaml_file_and_for_integers_and_optional_numbers(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("paramserver:\n  lr: 3e-4\n  lr_final: 1E-5\nrun:\n  total_env_steps: 1e6\n")
+    cfg = load_config(path, ["dqn.bootstrap_max=2e2"])
+    assert cfg.paramserver.lr == pytest.approx(3e-4)
+    assert cfg.paramserver.lr_final == pytest.approx(1e-5)
+    assert cfg.run.total_env_steps == 1_000_000 and isinstance(cfg.run.total_env_steps, int)
+    assert cfg.dqn.bootstrap_max == pytest.approx(200.0)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("paramserver.adam_eps=tiny", "paramserver.adam_eps: expected a number, got 'tiny'"),
+    ("paramserver.lr=1e-6x", "paramserver.lr: expected a number"),
+    ("paramserver.lr=.inf", "paramserver.lr: expected a finite number"),
+    ("paramserver.lr=.nan", "paramserver.lr: expected a finite number"),
+    ("paramserver.lr=1e400", "paramserver.lr: expected a finite number"),
+    ("run.total_env_steps=1e-3", "run.total_env_steps: expected an integer, got 0.001"),
+    ("learner.batch_size=true", "learner.batch_size: expected an integer"),
+    ("learner.precision=fp8", "learner.precision: 'fp8' is not one of"),
+    ("learner.batch_sise=64", "unknown key learner.batch_sise"),
+    ("paramserver.lr=-1e-3", "paramserver.lr: -0.001 must be > 0"),
+    ("env.id", "override 'env.id': expected key=value"),
+])
+def test_bad_values_are_errors_that_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_config(None, [override])
+
+
+def test_a_string_key_keeps_numeric_looking_text():
+    # Only keys that want a number read "1e5" as one.
+    assert load_config(None, ["name=1e5"]).name == "1e5"
