@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from amprl.config import load_config
+from amprl.config import config_to_dict, load_config
 from amprl.errors import ConfigError
 
 
@@ -50,3 +52,29 @@ def test_bad_values_are_errors_that_name_the_key(override, message):
 def test_a_string_key_keeps_numeric_looking_text():
     # Only keys that want a number read "1e5" as one.
     assert load_config(None, ["name=1e5"]).name == "1e5"
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# How the learner talks to the parameter server: the only keys where the slow-link config
+# may differ from the default experiment (besides its name).
+_LINK_KEYS = {"learner.grad_encoding", "learner.max_pushes_in_flight", "learner.max_batches_per_push",
+              "learner.push_timeout_s", "learner.pull_lag_versions", "learner.steps_per_push",
+              "paramserver.max_staleness"}
+
+
+def _flat(cfg) -> dict:
+    return {f"{section}.{key}": value for section, fields in config_to_dict(cfg).items()
+            if isinstance(fields, dict) for key, value in fields.items()}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    assert load_config(path).name == path.stem
+
+
+def test_the_slow_link_config_trains_the_default_agent():
+    default = _flat(load_config(ROOT / "configs/cartpole-dqn.yaml"))
+    wan = _flat(load_config(ROOT / "configs/cartpole-dqn-wan.yaml"))
+    differ = {k for k in default if default[k] != wan[k]}
+    assert differ <= _LINK_KEYS, f"agent settings that drifted apart: {sorted(differ - _LINK_KEYS)}"
+    assert wan["learner.grad_encoding"] == "onebit" and wan["learner.apply_locally"]
