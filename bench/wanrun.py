@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             "final_eval_return": evals[-1].mean_return if evals else None,
             "best_eval_return": max((e.mean_return for e in evals), default=None),
             "env_steps": progress.env_steps, "updates": progress.updates,
+            "learner_q_mean": round(progress.q_mean, 3),  # as amprl run's summary
             "param_version": progress.version, "wall_seconds": round(wall, 2),
             "versions_per_s": round(progress.version / max(wall, 1e-6), 1),
             "updates_per_s": round(progress.updates / max(wall, 1e-6), 1),

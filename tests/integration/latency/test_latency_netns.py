@@ -85,6 +85,7 @@ def test_cartpole_learns_with_a_300ms_round_trip_to_the_parameter_server(netns_t
     rate = summary["param_version"] / train_s
     assert 5.0 <= rate <= 1.25 * window / (2 * ONE_WAY_MS / 1000), (rate, log)
     assert summary["updates"] >= summary["param_version"]
+    assert summary["learner_q_mean"] > 0, summary  # rewards of +1: a trained learner's Q is positive
     info = json.loads(topo["learner"].run([sys.executable, "-c", _INFO_JSON, ps_addr], timeout=90).stdout)
     assert info.get("max_staleness", 0) == 0, info
     assert info.get("pushes_rejected_stale", 0) == 0, info
