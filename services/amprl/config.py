@@ -64,12 +64,14 @@ class DQNConfig:
     clipped_double: bool = False
     """With double: bootstrap from the lower of the target and online nets' values of the
     chosen action (clipped double Q, Fujimoto et al. 2018), against over-estimation. Not in
-    the CartPole config: it learnt faster but diverged no less (cartpole-dqn.yaml's comment)."""
+    the CartPole config: it learnt faster but diverged no less (docs/tuning.md, "The low
+    endings that are left")."""
     bootstrap_max: float | None = None
     """Cap on the bootstrap value Q(s', a*) in the learner's targets: a bound no return can
     exceed, r_max / (1 - gamma) for rewards at most r_max (CartPole, rewards 1 at gamma
     0.995: 200). null = no cap. Not in the CartPole config: it removed the over-estimation
-    there but not the low endings that came with it (cartpole-dqn.yaml's comment)."""
+    there but not the low endings that came with it (docs/tuning.md, "The low endings that
+    are left")."""
     huber_delta: float = 1.0
     """Huber loss threshold on the TD error."""
     target_update_period: int = 250
