@@ -19,6 +19,11 @@ on the device) and precision (fp32, bf16, fp16 with its GradScaler) it measures,
     the background);
 and prints one JSON object with the medians over ``--repeats`` and ``updates_ratio_vs_plain``
 (and, per repeat, ``<case>_<precision>_updates_ratio_per_repeat``).
+Where the CPU goes: ``<case>_<precision>_cpu_ms_per_update`` is the CPU time per update, over
+the measured window, of this process (``learner``: the update thread and its prefetch,
+priority and push threads; medians over repeats) and of each service process (``replay``,
+``paramserver``, ``redis``); ``..._plain_cpu_ms_per_update`` the plain loop's. On a 2-core
+machine the learner's rate is bounded by its own CPU and by half the sum of all of them.
 On CUDA (``--device``, default: CUDA when present) it also records the peak GPU memory
 allocated by each loop (``<case>_<precision>_peak_mem_mib`` for the learner,
 ``..._plain_peak_mem_mib`` for the plain loop).
@@ -59,6 +64,8 @@ from amprl.replay.testing import fill_replay
 from amprl.rl.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from push import process_cpu_s  # noqa: E402
 
 CASES = {  # name -> (experiment, overrides)
     "cartpole": ("configs/cartpole-dqn.yaml", ["learner.batch_size=128", "network.hidden_sizes=[128, 128]"]),
@@ -72,7 +79,16 @@ DEFAULT_CASES = "cartpole,mlp256,td3"
 
 
 
-def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> float:
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of this process (all its threads) and of each service process."""
+    return {"learner": time.process_time(), **{name: process_cpu_s(pid) for name, pid in pids.items()}}
+
+
+def cpu_ms_per_update(before: dict[str, float], after: dict[str, float], updates: int) -> dict[str, float]:
+    return {name: (after[name] - before[name]) * 1e3 / max(1, updates) for name in before}
+
+
+def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> tuple[float, dict]:
     torch.manual_seed(0)
     cfg = copy.deepcopy(cfg)
     cfg.learner.overlap_targets = False  # plain: the whole update on this thread
@@ -106,7 +122,7 @@ def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> floa
         step(i)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    n, t0 = 0, time.perf_counter()
+    n, t0, cpu0 = 0, time.perf_counter(), cpu_seconds({})
     while time.perf_counter() - t0 < seconds:
         step(warmup + n)
         n += 1
@@ -114,27 +130,31 @@ def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> floa
             torch.cuda.synchronize()  # the clock must see the work, not its launch
     if device.type == "cuda":
         torch.cuda.synchronize()
+    rate = n / (time.perf_counter() - t0)
+    cpu = cpu_ms_per_update(cpu0, cpu_seconds({}), n)
     algo.close()
-    return n / (time.perf_counter() - t0)
+    return rate, cpu
 
 
-def learner_loop(cfg, spec, replay_addr, ps_addr, seconds: float, device: torch.device) -> float:
+def learner_loop(cfg, spec, replay_addr, ps_addr, seconds: float, device: torch.device,
+                 pids: dict[str, int]) -> tuple[float, dict]:
     learner = Learner(cfg, spec, ReplayClient(replay_addr), ParameterClient(ps_addr, client_id="learner:bench"),
                       learner_id="bench", device=str(device))
     learner.start()
     stop = threading.Event()
     learner.run(stop, max_updates=20)  # warm up: fill the queue, first pulls
-    start_updates, t0 = learner.stats.updates, time.perf_counter()
+    start_updates, t0, cpu0 = learner.stats.updates, time.perf_counter(), cpu_seconds(pids)
     timer = threading.Timer(seconds, stop.set)
     timer.start()
     learner.run(stop)
     rate = (learner.stats.updates - start_updates) / (time.perf_counter() - t0)
+    cpu = cpu_ms_per_update(cpu0, cpu_seconds(pids), learner.stats.updates - start_updates)
     learner.stop()
     # close the channels: their gRPC threads would otherwise compete with the next
     # measurement (on one core with --pin, the next learner ran at half speed)
     learner.ps.close()
     learner.replay.close()
-    return rate
+    return rate, cpu
 
 
 def pin(services, redis, cpus: list[int]) -> None:
@@ -196,17 +216,22 @@ def main() -> int:
                         fill_replay(replay, spec, max(2_000, 4 * cfg.learner.batch_size) if image else 20_000,
                                     rng, chunk=250 if image else 500)
                         sampled = replay.sample(cfg.learner.batch_size, 0.4, timeout=30)
-                        plain, ours, plain_mem, ours_mem = [], [], [], []
+                        pids = {"replay": services[0].proc.pid, "paramserver": services[1].proc.pid,
+                                "redis": redis.pid}
+                        plain, ours, plain_mem, ours_mem, plain_cpu, ours_cpu = [], [], [], [], [], []
                         for _ in range(args.repeats):
-                            for loop, rates, mems in ((lambda: plain_loop(cfg, spec, sampled, args.seconds, device),
-                                                       plain, plain_mem),
-                                                      (lambda: learner_loop(cfg, spec, services[0].address,
-                                                                            services[1].address, args.seconds, device),
-                                                       ours, ours_mem)):
+                            for loop, rates, mems, cpus in (
+                                    (lambda: plain_loop(cfg, spec, sampled, args.seconds, device),
+                                     plain, plain_mem, plain_cpu),
+                                    (lambda: learner_loop(cfg, spec, services[0].address, services[1].address,
+                                                          args.seconds, device, pids),
+                                     ours, ours_mem, ours_cpu)):
                                 if cuda:
                                     torch.cuda.empty_cache()
                                     torch.cuda.reset_peak_memory_stats(device)
-                                rates.append(loop())
+                                rate, cpu = loop()
+                                rates.append(rate)
+                                cpus.append(cpu)
                                 if cuda:
                                     mems.append(torch.cuda.max_memory_allocated(device) / 2**20)
                         replay.close()
@@ -219,6 +244,9 @@ def main() -> int:
                     # each repeat's own pair (the two loops run back to back): the spread shows
                     # how much of a difference between runs is this machine's noise
                     results[f"{key}_updates_ratio_per_repeat"] = [round(o / q, 3) for o, q in zip(ours, plain)]
+                    for name, cpus in (("cpu_ms_per_update", ours_cpu), ("plain_cpu_ms_per_update", plain_cpu)):
+                        results[f"{key}_{name}"] = {proc: round(statistics.median(c[proc] for c in cpus), 3)
+                                                    for proc in cpus[0]}
                     if cuda:
                         results[f"{key}_peak_mem_mib"] = round(max(ours_mem), 1)
                         results[f"{key}_plain_peak_mem_mib"] = round(max(plain_mem), 1)
