@@ -22,8 +22,10 @@ and prints one JSON object with the medians over ``--repeats`` and ``updates_rat
 Where the CPU goes: ``<case>_<precision>_cpu_ms_per_update`` is the CPU time per update, over
 the measured window, of this process (``learner``: the update thread and its prefetch,
 priority and push threads; medians over repeats) and of each service process (``replay``,
-``paramserver``, ``redis``); ``..._plain_cpu_ms_per_update`` the plain loop's. On a 2-core
-machine the learner's rate is bounded by its own CPU and by half the sum of all of them.
+``paramserver``, ``redis``); ``..._plain_cpu_ms_per_update`` the plain loop's;
+``..._thread_cpu_ms_per_update`` the learner's process split by thread (``MainThread`` is
+the update loop). On a 2-core machine the learner's rate is bounded by its own CPU and by
+half the sum of all of them.
 On CUDA (``--device``, default: CUDA when present) it also records the peak GPU memory
 allocated by each loop (``<case>_<precision>_peak_mem_mib`` for the learner,
 ``..._plain_peak_mem_mib`` for the plain loop).
@@ -88,6 +90,24 @@ def cpu_ms_per_update(before: dict[str, float], after: dict[str, float], updates
     return {name: (after[name] - before[name]) * 1e3 / max(1, updates) for name in before}
 
 
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of each live thread of this process, by name: the Python name
+    (``MainThread`` runs the update loop; ``learner-prefetch``, ``learner-priorities``,
+    ``ps-push_0``, ...), else the OS name (gRPC's ``event_engine`` threads, summed)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        comm, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        name = names.get(int(tid), comm)
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> tuple[float, dict]:
     torch.manual_seed(0)
     cfg = copy.deepcopy(cfg)
@@ -144,11 +164,15 @@ def learner_loop(cfg, spec, replay_addr, ps_addr, seconds: float, device: torch.
     stop = threading.Event()
     learner.run(stop, max_updates=20)  # warm up: fill the queue, first pulls
     start_updates, t0, cpu0 = learner.stats.updates, time.perf_counter(), cpu_seconds(pids)
+    threads0 = thread_cpu_seconds()
     timer = threading.Timer(seconds, stop.set)
     timer.start()
     learner.run(stop)
     rate = (learner.stats.updates - start_updates) / (time.perf_counter() - t0)
-    cpu = cpu_ms_per_update(cpu0, cpu_seconds(pids), learner.stats.updates - start_updates)
+    updates = learner.stats.updates - start_updates
+    cpu = cpu_ms_per_update(cpu0, cpu_seconds(pids), updates)
+    threads1 = thread_cpu_seconds()  # before stop(): the helper threads are still alive
+    cpu["threads"] = cpu_ms_per_update({n: threads0.get(n, 0.0) for n in threads1}, threads1, updates)
     learner.stop()
     # close the channels: their gRPC threads would otherwise compete with the next
     # measurement (on one core with --pin, the next learner ran at half speed)
@@ -244,9 +268,13 @@ def main() -> int:
                     # each repeat's own pair (the two loops run back to back): the spread shows
                     # how much of a difference between runs is this machine's noise
                     results[f"{key}_updates_ratio_per_repeat"] = [round(o / q, 3) for o, q in zip(ours, plain)]
-                    for name, cpus in (("cpu_ms_per_update", ours_cpu), ("plain_cpu_ms_per_update", plain_cpu)):
-                        results[f"{key}_{name}"] = {proc: round(statistics.median(c[proc] for c in cpus), 3)
-                                                    for proc in cpus[0]}
+                    threads = [c.pop("threads") for c in ours_cpu]
+                    for name, cpus in (("cpu_ms_per_update", ours_cpu), ("plain_cpu_ms_per_update", plain_cpu),
+                                       ("thread_cpu_ms_per_update", threads)):
+                        results[f"{key}_{name}"] = {
+                            proc: round(statistics.median(c.get(proc, 0.0) for c in cpus), 3)
+                            for proc in sorted({p for c in cpus for p in c})
+                            if statistics.median(c.get(proc, 0.0) for c in cpus) >= 0.001}  # idle threads out
                     if cuda:
                         results[f"{key}_peak_mem_mib"] = round(max(ours_mem), 1)
                         results[f"{key}_plain_peak_mem_mib"] = round(max(plain_mem), 1)
