@@ -67,7 +67,7 @@ from amprl.rl.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from push import process_cpu_s  # noqa: E402
+from push import process_cpu_s, stat_cpu_s  # noqa: E402
 
 CASES = {  # name -> (experiment, overrides)
     "cartpole": ("configs/cartpole-dqn.yaml", ["learner.batch_size=128", "network.hidden_sizes=[128, 128]"]),
@@ -98,13 +98,11 @@ def thread_cpu_seconds() -> dict[str, float]:
     out: dict[str, float] = {}
     for tid in os.listdir("/proc/self/task"):
         try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
+            comm, cpu = stat_cpu_s(f"/proc/self/task/{tid}/stat")
         except OSError:  # the thread ended meanwhile
             continue
-        comm, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
         name = names.get(int(tid), comm)
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[name] = out.get(name, 0.0) + cpu
     return out
 
 

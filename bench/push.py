@@ -45,10 +45,17 @@ from amprl.rl.models import build_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def stat_cpu_s(stat_path: str) -> tuple[str, float]:
+    """(name, user + system CPU seconds) from a ``/proc/.../stat`` file (a process's or a
+    thread's, ``/proc/<pid>/task/<tid>/stat``)."""
+    with open(stat_path) as f:
+        stat = f.read()
+    fields = stat.rsplit(")", 1)[1].split()
+    return stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_s(f"/proc/{pid}/stat")[1]
 
 
 def measure(client: ParameterClient, server_pid: int, msgs, k: int, steps: int) -> tuple[float, float]:
