@@ -26,15 +26,21 @@ priority and push threads; medians over repeats) and of each service process (``
 ``..._thread_cpu_ms_per_update`` the learner's process split by thread (``MainThread`` is
 the update loop). On a 2-core machine the learner's rate is bounded by its own CPU and by
 half the sum of all of them.
+Where the update thread's time goes: ``<case>_<precision>_update_thread_ms_per_update``
+splits its wall time per update (the plain loop's: ``..._plain_update_thread_ms_per_update``)
+into ``on_cpu``, ``runqueue_wait`` (runnable, but its CPU was running another thread or
+process) and ``other_wait`` (the rest: blocked, mostly on the GIL while a helper thread
+runs Python, or on a full push window), from the kernel's per-thread ``schedstat``.
 On CUDA (``--device``, default: CUDA when present) it also records the peak GPU memory
 allocated by each loop (``<case>_<precision>_peak_mem_mib`` for the learner,
 ``..._plain_peak_mem_mib`` for the plain loop).
 
-``--pin`` gives the learner (and the plain loop) CPU 0 and moves replay, the parameter
-server and Redis to the other CPUs, as when they run on other hosts (or the learner pod has
-dedicated cores, Kubernetes' static CPU manager): on a shared pair of cores a learner helper
-thread that holds the GIL can be preempted by a service process, and the update thread
-then waits for the GIL while its core idles.
+``--pin`` gives the learner's update thread (and the plain loop) CPU 0 alone
+(``learner.pin_update_thread``) and moves the learner's other threads, replay, the
+parameter server and Redis to the other CPUs, as when the learner has a core of its own (a
+learner pod with dedicated cores under Kubernetes' static CPU manager; the services on other
+hosts or cores): on a shared pair of cores the update thread otherwise waits ~1 ms per MLP
+update for a core that a service or helper took (``runqueue_wait``).
 """
 
 from __future__ import annotations
@@ -106,6 +112,25 @@ def thread_cpu_seconds() -> dict[str, float]:
     return out
 
 
+def update_thread_ns() -> tuple[int, int, int] | None:
+    """(on-CPU ns, runqueue-wait ns, wall ns) so far of the calling thread, from the
+    kernel's schedstat; None where the kernel does not keep it."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            on_cpu, waited, _ = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return None
+    return on_cpu, waited, time.perf_counter_ns()
+
+
+def update_thread_ms(before, after, updates: int) -> dict[str, float]:
+    """On-CPU, runqueue-wait and other-wait ms per update between two ``update_thread_ns``."""
+    if before is None or after is None:
+        return {}
+    on_cpu, waited, wall = ((b - a) / 1e6 / max(1, updates) for a, b in zip(before, after))
+    return {"on_cpu": on_cpu, "runqueue_wait": waited, "other_wait": max(0.0, wall - on_cpu - waited)}
+
+
 def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> tuple[float, dict]:
     torch.manual_seed(0)
     cfg = copy.deepcopy(cfg)
@@ -140,7 +165,7 @@ def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> tupl
         step(i)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    n, t0, cpu0 = 0, time.perf_counter(), cpu_seconds({})
+    n, t0, cpu0, sched0 = 0, time.perf_counter(), cpu_seconds({}), update_thread_ns()
     while time.perf_counter() - t0 < seconds:
         step(warmup + n)
         n += 1
@@ -150,6 +175,7 @@ def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> tupl
         torch.cuda.synchronize()
     rate = n / (time.perf_counter() - t0)
     cpu = cpu_ms_per_update(cpu0, cpu_seconds({}), n)
+    cpu["update_thread"] = update_thread_ms(sched0, update_thread_ns(), n)
     algo.close()
     return rate, cpu
 
@@ -162,13 +188,14 @@ def learner_loop(cfg, spec, replay_addr, ps_addr, seconds: float, device: torch.
     stop = threading.Event()
     learner.run(stop, max_updates=20)  # warm up: fill the queue, first pulls
     start_updates, t0, cpu0 = learner.stats.updates, time.perf_counter(), cpu_seconds(pids)
-    threads0 = thread_cpu_seconds()
+    threads0, sched0 = thread_cpu_seconds(), update_thread_ns()
     timer = threading.Timer(seconds, stop.set)
     timer.start()
     learner.run(stop)
     rate = (learner.stats.updates - start_updates) / (time.perf_counter() - t0)
     updates = learner.stats.updates - start_updates
     cpu = cpu_ms_per_update(cpu0, cpu_seconds(pids), updates)
+    cpu["update_thread"] = update_thread_ms(sched0, update_thread_ns(), updates)
     threads1 = thread_cpu_seconds()  # before stop(): the helper threads are still alive
     cpu["threads"] = cpu_ms_per_update({n: threads0.get(n, 0.0) for n in threads1}, threads1, updates)
     learner.stop()
@@ -180,12 +207,11 @@ def learner_loop(cfg, spec, replay_addr, ps_addr, seconds: float, device: torch.
 
 
 def pin(services, redis, cpus: list[int]) -> None:
-    """This process (the learner and the plain loop; threads started later inherit it) on
-    the first of ``cpus``, the service processes and Redis on the others."""
+    """The service processes and Redis on all of ``cpus`` but the first (the learner's
+    update thread pins itself to that one: ``learner.pin_update_thread``)."""
     for pid in [s.proc.pid for s in services] + [redis.pid]:
         for tid in os.listdir(f"/proc/{pid}/task"):  # affinity is per thread
             os.sched_setaffinity(int(tid), set(cpus[1:]))
-    os.sched_setaffinity(0, {cpus[0]})
 
 
 def main() -> int:
@@ -218,7 +244,8 @@ def main() -> int:
                 for precision in args.precisions.split(","):
                     cfg = load_config(ROOT / experiment, overrides + [
                         f"learner.precision={precision}", "replay.samples_per_insert=0",
-                        "replay.min_size_to_sample=1000", "paramserver.checkpoint_interval_s=0"] + args.overrides)
+                        "replay.min_size_to_sample=1000", "paramserver.checkpoint_interval_s=0"]
+                        + (["learner.pin_update_thread=true"] if args.pin else []) + args.overrides)
                     spec = env_spec(cfg.env)
                     run_dir = tmp / f"{case}-{precision}"
                     (run_dir / "logs").mkdir(parents=True)
@@ -242,7 +269,7 @@ def main() -> int:
                                 "redis": redis.pid}
                         plain, ours, plain_mem, ours_mem, plain_cpu, ours_cpu = [], [], [], [], [], []
                         for _ in range(args.repeats):
-                            for loop, rates, mems, cpus in (
+                            for loop, rates, mems, costs in (
                                     (lambda: plain_loop(cfg, spec, sampled, args.seconds, device),
                                      plain, plain_mem, plain_cpu),
                                     (lambda: learner_loop(cfg, spec, services[0].address, services[1].address,
@@ -251,9 +278,13 @@ def main() -> int:
                                 if cuda:
                                     torch.cuda.empty_cache()
                                     torch.cuda.reset_peak_memory_stats(device)
+                                if args.pin and rates is plain:  # on the learner's update CPU
+                                    os.sched_setaffinity(0, {cpus[0]})
                                 rate, cpu = loop()
+                                # this thread's own again (the learner pinned it as its update thread)
+                                os.sched_setaffinity(0, set(cpus))
                                 rates.append(rate)
-                                cpus.append(cpu)
+                                costs.append(cpu)
                                 if cuda:
                                     mems.append(torch.cuda.max_memory_allocated(device) / 2**20)
                         replay.close()
@@ -267,12 +298,16 @@ def main() -> int:
                     # how much of a difference between runs is this machine's noise
                     results[f"{key}_updates_ratio_per_repeat"] = [round(o / q, 3) for o, q in zip(ours, plain)]
                     threads = [c.pop("threads") for c in ours_cpu]
-                    for name, cpus in (("cpu_ms_per_update", ours_cpu), ("plain_cpu_ms_per_update", plain_cpu),
-                                       ("thread_cpu_ms_per_update", threads)):
+                    waits = [c.pop("update_thread") for c in ours_cpu]
+                    plain_waits = [c.pop("update_thread") for c in plain_cpu]
+                    for name, costs in (("cpu_ms_per_update", ours_cpu), ("plain_cpu_ms_per_update", plain_cpu),
+                                        ("thread_cpu_ms_per_update", threads),
+                                        ("update_thread_ms_per_update", waits),
+                                        ("plain_update_thread_ms_per_update", plain_waits)):
                         results[f"{key}_{name}"] = {
-                            proc: round(statistics.median(c.get(proc, 0.0) for c in cpus), 3)
-                            for proc in sorted({p for c in cpus for p in c})
-                            if statistics.median(c.get(proc, 0.0) for c in cpus) >= 0.001}  # idle threads out
+                            proc: round(statistics.median(c.get(proc, 0.0) for c in costs), 3)
+                            for proc in sorted({p for c in costs for p in c})
+                            if statistics.median(c.get(proc, 0.0) for c in costs) >= 0.001}  # idle threads out
                     if cuda:
                         results[f"{key}_peak_mem_mib"] = round(max(ours_mem), 1)
                         results[f"{key}_plain_peak_mem_mib"] = round(max(plain_mem), 1)

@@ -205,6 +205,16 @@ class LearnerConfig:
     which learns CartPole worse (1 of 3 seeds solved vs 3 of 3)."""
     torch_threads: int = 1
     """torch.set_num_threads for the learner process."""
+    pin_update_thread: bool = False
+    """Gives the update thread a CPU of its own: the thread that runs the updates is pinned
+    to the lowest-numbered CPU the process may use (``os.sched_getaffinity``; in a
+    Kubernetes pod with dedicated cores, the first of its cpuset) and every other thread of
+    the learner process (prefetch, priorities, pushes, gRPC; re-checked every 0.5 s for new
+    ones) to the others. For a learner with at least 2 dedicated cores, or on a host where
+    ``taskset`` keeps the other processes off that CPU: on a shared pair of cores the update
+    thread otherwise spends ~1 ms of a ~6 ms MLP update runnable but waiting for a core
+    that a service process or a helper thread took (docs/tuning.md). Needs 2 or more
+    allowed CPUs."""
     overlap_targets: bool = False
     """DQN: compute the bootstrap targets (the target and online nets over s') on a second
     thread while the update thread runs the online net over s, then join them for the loss.

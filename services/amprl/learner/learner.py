@@ -92,6 +92,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -214,6 +215,19 @@ class Learner:
         self._acc_base = 0
         self._batches_pushed = 0
         self._threads: list[threading.Thread] = []
+        # learner.pin_update_thread: the update thread's CPU and the others' (None: no pinning)
+        self._update_cpus: set[int] | None = None
+        self._helper_cpus: set[int] = set()
+        self._allowed_cpus: set[int] = set()
+        self._update_tid: int | None = None
+        if self.lcfg.pin_update_thread:
+            allowed = os.sched_getaffinity(0)
+            if len(allowed) < 2:
+                raise errors.ConfigError(
+                    f"learner.pin_update_thread: this process may use only CPU {sorted(allowed)}; "
+                    "it needs a second one for its other threads (set it to false)")
+            cpu = min(allowed)
+            self._update_cpus, self._helper_cpus, self._allowed_cpus = {cpu}, allowed - {cpu}, allowed
         self._loss_sum = 0.0
         self._q_sum = 0.0
         self._loss_n = 0
@@ -281,8 +295,25 @@ class Learner:
             except errors.AmprlError as exc:
                 log.warning("priority update failed: %s", exc)
 
+    def _pin_threads(self, unpin: bool = False) -> None:
+        """``learner.pin_update_thread``: the update thread on its CPU, every other thread of
+        this process (those started since the last call too) on the other CPUs; ``unpin``:
+        every thread on all the CPUs the process had."""
+        if self._update_cpus is None or self._update_tid is None:
+            return
+        for name in os.listdir("/proc/self/task"):
+            tid = int(name)
+            want = (self._allowed_cpus if unpin else
+                    self._update_cpus if tid == self._update_tid else self._helper_cpus)
+            try:
+                if os.sched_getaffinity(tid) != want:
+                    os.sched_setaffinity(tid, want)
+            except OSError:
+                continue  # the thread ended meanwhile
+
     def _pull_loop(self) -> None:
         while not self._stop.is_set():
+            self._pin_threads()  # threads started meanwhile (gRPC, pushes) off the update CPU
             if not self._want_pull.wait(timeout=0.5):
                 continue
             self._want_pull.clear()
@@ -336,6 +367,7 @@ class Learner:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5.0)
+        self._pin_threads(unpin=True)  # the process's threads may outlive this learner
         self.algo.close()
 
     # -- weights ---------------------------------------------------------------------------
@@ -710,6 +742,11 @@ class Learner:
         return True
 
     def run(self, stop: threading.Event, max_updates: int | None = None) -> None:
+        """Updates until ``stop`` is set (or ``max_updates`` in all); with
+        ``learner.pin_update_thread`` the calling thread becomes the pinned update thread."""
+        if self._update_cpus is not None and self._update_tid != threading.get_native_id():
+            self._update_tid = threading.get_native_id()
+            self._pin_threads()
         while not stop.is_set() and (max_updates is None or self.stats.updates < max_updates):
             self.step(timeout=0.5)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -12,6 +13,7 @@ import torch
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.compression import encode
 from amprl.config import load_config
+from amprl.errors import ConfigError
 from amprl.envs.factory import env_spec
 from amprl.learner.learner import Learner
 from amprl.paramserver.client import ParameterClient
@@ -253,3 +255,52 @@ def test_importance_weights_are_normalised_by_the_table_or_by_each_batch(system,
     expected = raw / (raw.max() if norm == "batch" else (p.min() ** a) ** -beta)
     np.testing.assert_allclose(w, expected, rtol=1e-4)
     assert (w.max() == 1.0) == (norm == "batch" or p[keys].min() == p.min())
+
+
+def test_pin_update_thread_gives_the_update_thread_a_cpu_of_its_own(system):
+    allowed = sorted(os.sched_getaffinity(0))
+    assert len(allowed) >= 2, "this test needs a machine with 2 or more CPUs"
+    cpu, rest = allowed[0], set(allowed[1:])
+    learner, _, ps = system("learner.pin_update_thread=true")
+    learner.start()
+    seen: dict = {}
+
+    def train():  # the update thread: its own, so that pytest's thread is not pinned
+        _run_updates(learner, 20)
+        me = threading.get_native_id()
+        seen["update"] = os.sched_getaffinity(0)
+        # threads started during the updates (pushes, gRPC) are moved within 0.5 s
+        deadline = time.monotonic() + 5
+        while True:
+            others = {int(t): os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")
+                      if int(t) != me}
+            if all(a == rest for a in others.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        seen["others"] = others
+
+    t = threading.Thread(target=train)
+    t.start()
+    t.join(60)
+    learner.stop()
+    assert learner.stats.updates == 20 and ps.info().version >= 20
+    assert seen["update"] == {cpu}
+    assert {tid: rest for tid in seen["others"]} == seen["others"]
+    assert os.sched_getaffinity(0) == set(allowed)  # stop() gave every thread all the CPUs back
+
+
+def test_pin_update_thread_with_one_allowed_cpu_is_a_clear_error(system):
+    errors: list = []
+
+    def build():  # a thread allowed one CPU builds the learner
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        try:
+            system("learner.pin_update_thread=true")
+        except ConfigError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=build)
+    t.start()
+    t.join(60)
+    assert len(errors) == 1
+    assert "learner.pin_update_thread" in str(errors[0]) and "needs a second one" in str(errors[0])
