@@ -257,6 +257,13 @@ def test_importance_weights_are_normalised_by_the_table_or_by_each_batch(system,
     assert (w.max() == 1.0) == (norm == "batch" or p[keys].min() == p.min())
 
 
+def _affinity(tid: int) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(tid)
+    except OSError:
+        return None  # the thread ended since the listing
+
+
 def test_pin_update_thread_gives_the_update_thread_a_cpu_of_its_own(system):
     allowed = sorted(os.sched_getaffinity(0))
     assert len(allowed) >= 2, "this test needs a machine with 2 or more CPUs"
@@ -272,8 +279,8 @@ def test_pin_update_thread_gives_the_update_thread_a_cpu_of_its_own(system):
         # threads started during the updates (pushes, gRPC) are moved within 0.5 s
         deadline = time.monotonic() + 5
         while True:
-            others = {int(t): os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")
-                      if int(t) != me}
+            listed = ((int(t), _affinity(int(t))) for t in os.listdir("/proc/self/task"))
+            others = {tid: cpus for tid, cpus in listed if tid != me and cpus is not None}
             if all(a == rest for a in others.values()) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
