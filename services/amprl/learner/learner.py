@@ -215,19 +215,16 @@ class Learner:
         self._acc_base = 0
         self._batches_pushed = 0
         self._threads: list[threading.Thread] = []
-        # learner.pin_update_thread: the update thread's CPU and the others' (None: no pinning)
-        self._update_cpus: set[int] | None = None
-        self._helper_cpus: set[int] = set()
+        # learner.pin_update_thread: the CPUs the process may use (empty: no pinning); the
+        # update thread gets the lowest, the other threads the rest
         self._allowed_cpus: set[int] = set()
         self._update_tid: int | None = None
         if self.lcfg.pin_update_thread:
-            allowed = os.sched_getaffinity(0)
-            if len(allowed) < 2:
+            self._allowed_cpus = os.sched_getaffinity(0)
+            if len(self._allowed_cpus) < 2:
                 raise errors.ConfigError(
-                    f"learner.pin_update_thread: this process may use only CPU {sorted(allowed)}; "
+                    f"learner.pin_update_thread: this process may use only CPU {sorted(self._allowed_cpus)}; "
                     "it needs a second one for its other threads (set it to false)")
-            cpu = min(allowed)
-            self._update_cpus, self._helper_cpus, self._allowed_cpus = {cpu}, allowed - {cpu}, allowed
         self._loss_sum = 0.0
         self._q_sum = 0.0
         self._loss_n = 0
@@ -299,12 +296,13 @@ class Learner:
         """``learner.pin_update_thread``: the update thread on its CPU, every other thread of
         this process (those started since the last call too) on the other CPUs; ``unpin``:
         every thread on all the CPUs the process had."""
-        if self._update_cpus is None or self._update_tid is None:
+        if not self._allowed_cpus or self._update_tid is None:
             return
+        update_cpu = {min(self._allowed_cpus)}
         for name in os.listdir("/proc/self/task"):
             tid = int(name)
             want = (self._allowed_cpus if unpin else
-                    self._update_cpus if tid == self._update_tid else self._helper_cpus)
+                    update_cpu if tid == self._update_tid else self._allowed_cpus - update_cpu)
             try:
                 if os.sched_getaffinity(tid) != want:
                     os.sched_setaffinity(tid, want)
@@ -744,7 +742,7 @@ class Learner:
     def run(self, stop: threading.Event, max_updates: int | None = None) -> None:
         """Updates until ``stop`` is set (or ``max_updates`` in all); with
         ``learner.pin_update_thread`` the calling thread becomes the pinned update thread."""
-        if self._update_cpus is not None and self._update_tid != threading.get_native_id():
+        if self._allowed_cpus and self._update_tid != threading.get_native_id():
             self._update_tid = threading.get_native_id()
             self._pin_threads()
         while not stop.is_set() and (max_updates is None or self.stats.updates < max_updates):
