@@ -278,11 +278,14 @@ def main() -> int:
                                 if cuda:
                                     torch.cuda.empty_cache()
                                     torch.cuda.reset_peak_memory_stats(device)
-                                if args.pin and rates is plain:  # on the learner's update CPU
+                                # with --pin the plain loop runs on the learner's update CPU (the
+                                # learner pins and, at stop, unpins its own threads)
+                                pin_plain = args.pin and rates is plain
+                                if pin_plain:
                                     os.sched_setaffinity(0, {cpus[0]})
                                 rate, cpu = loop()
-                                # this thread's own again (the learner pinned it as its update thread)
-                                os.sched_setaffinity(0, set(cpus))
+                                if pin_plain:
+                                    os.sched_setaffinity(0, set(cpus))
                                 rates.append(rate)
                                 costs.append(cpu)
                                 if cuda:
