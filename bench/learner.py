@@ -35,6 +35,11 @@ On CUDA (``--device``, default: CUDA when present) it also records the peak GPU 
 allocated by each loop (``<case>_<precision>_peak_mem_mib`` for the learner,
 ``..._plain_peak_mem_mib`` for the plain loop).
 
+The services and Redis run at the CPU priority ``amprl run`` gives them (``run.nice``,
+default: 19 steps below the learner; ``--set run.nice.replay=0`` etc. for equal ones): on
+2 shared cores the update thread then waits ~0.13 ms per MLP update for a core instead of
+~0.4-0.5 ms (docs/tuning.md, "Who gets the core first").
+
 ``--pin`` gives the learner's update thread (and the plain loop) CPU 0 alone
 (``learner.pin_update_thread``) and moves the learner's other threads, replay, the
 parameter server and Redis to the other CPUs, as when the learner has a core of its own (a
@@ -63,7 +68,7 @@ import torch
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
 from amprl.envs.factory import env_spec
-from amprl.launch.procs import start_service, stop_services, wait_for_port
+from amprl.launch.procs import set_nice, start_service, stop_services, wait_for_port
 from amprl.learner.algos import make_algo
 from amprl.learner.learner import Learner
 from amprl.paramserver.client import ParameterClient
@@ -252,8 +257,14 @@ def main() -> int:
                     dump_config(cfg, run_dir / "config.yaml")
                     common = ["--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
                     redis_py.Redis.from_url(redis.url).flushall()
-                    services = [start_service("replay", "amprl.replay", common + ["--redis-url", redis.url], run_dir / "logs"),
-                                start_service("paramserver", "amprl.paramserver", common, run_dir / "logs")]
+                    # CPU priorities as `amprl run` sets them (run.nice): the learner first
+                    nice = cfg.run.nice
+                    results["nice"] = {"replay": nice.replay, "paramserver": nice.paramserver, "redis": nice.redis}
+                    set_nice(redis.pid, nice.redis)
+                    services = [start_service("replay", "amprl.replay", common + ["--redis-url", redis.url],
+                                              run_dir / "logs", nice=nice.replay),
+                                start_service("paramserver", "amprl.paramserver", common, run_dir / "logs",
+                                              nice=nice.paramserver)]
                     try:
                         for s in services:
                             wait_for_port(s)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
-from amprl.launch.procs import start_service, stop_services, wait_for_port
+from amprl.launch.procs import set_nice, start_service, stop_services, wait_for_port
 from amprl.launch.run import Progress, evaluate_final_policy
 from amprl.v1 import telemetry_pb2
 
@@ -55,13 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     t_start = time.monotonic()
 
-    def start(name, module, extra=()):
-        svc = start_service(name, module, [*common, *extra], log_dir)
+    def start(name, module, extra=()):  # at the CPU priority amprl run gives it (run.nice)
+        svc = start_service(name, module, [*common, *extra], log_dir,
+                            nice=getattr(cfg.run.nice, name.split("-")[0]))
         services.append(svc)
         return svc
 
     try:
         redis = EmbeddedRedis(run_dir / "redis")
+        set_nice(redis.pid, cfg.run.nice.redis)
         replay = start("replay", "amprl.replay", ["--redis-url", redis.url])
         if args.paramserver:
             ps_addr = learner_ps = args.paramserver

@@ -293,6 +293,33 @@ class EvaluatorConfig:
 
 
 @dataclass
+class NiceConfig:
+    """CPU priority (nice steps below the launcher's own: 0 = the same, 19 = the lowest) of each process that
+    ``amprl run`` (and ``bench/learner.py``) starts on this machine. Each service runs in a
+    session of its own, so where the kernel groups sessions (``autogroup``, on by default in
+    most distributions) the value is set on the session's group -- a plain per-process nice
+    would then only rank threads inside one service -- and on every thread of the process.
+
+    Why the learner comes first: its update thread is the only latency-critical thread of
+    the system. The others serve it through queues (prefetch, pushes in flight, priorities
+    sent in the background) or are paced by the rate limiter, so a few milliseconds' wait
+    costs them nothing, while every millisecond the update thread waits for a core is a
+    millisecond of lost updates. On 2 shared cores, equal priorities had the update thread
+    wait ~0.4-0.5 ms per MLP update for a core a service held; with the services at nice 19,
+    ~0.13 ms (nice 10: ~0.24 ms) (docs/tuning.md, "Who gets the core first"). Lower than 0 needs
+    CAP_SYS_NICE, so the others are raised instead. Ignored on Kubernetes, where each pod's
+    CPU requests and limits rank them."""
+
+    learner: int = 0
+    replay: int = 19
+    paramserver: int = 19
+    redis: int = 19
+    """The embedded Redis only (``replay.redis_url`` unset)."""
+    actor: int = 19
+    evaluator: int = 19
+
+
+@dataclass
 class RunConfig:
     seed: int = 0
     """Run seed; every actor and env derives its seed from it and the actor id."""
@@ -306,6 +333,8 @@ class RunConfig:
     """Stop after this many seconds; 0 = no limit."""
     run_dir: str = "runs"
     """Parent folder of the run folders."""
+    nice: NiceConfig = field(default_factory=NiceConfig)
+    """CPU priority of each local process (NiceConfig)."""
 
 
 @dataclass
@@ -473,6 +502,10 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         value = getattr(getattr(cfg, section), name)
         if not ok(value):
             raise ConfigError(f"{key}: {value!r} {reason}")
+    for name, value in dataclasses.asdict(cfg.run.nice).items():
+        if not 0 <= value <= 19:
+            raise ConfigError(f"run.nice.{name}: {value!r} must be in [0, 19] (nice below the "
+                              f"launcher's own needs CAP_SYS_NICE: raise the others instead)")
     if cfg.replay.min_size_to_sample > cfg.replay.capacity:
         raise ConfigError(f"replay.min_size_to_sample: {cfg.replay.min_size_to_sample} exceeds "
                           f"replay.capacity ({cfg.replay.capacity})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -9,6 +10,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,8 +39,35 @@ class Service:
         return "\n".join(text[-lines:])
 
 
-def start_service(name: str, module: str, args: list[str], log_dir: Path, env: dict | None = None) -> Service:
-    """Starts ``python -m module args`` in its own session (process group), logging to a file."""
+def set_nice(pid: int, nice: int) -> None:
+    """Lowers the CPU priority of process ``pid`` (started in a session of its own) by
+    ``nice`` below this process's own (``run.nice``; 0 leaves it as is).
+
+    Where the kernel groups each session's tasks (``autogroup``), the scheduler shares the
+    CPU between sessions first, by the group's own nice, so a per-process nice alone would
+    not rank one service below another: both are set. Every thread there now is set; the
+    threads it starts later inherit the value from the thread that starts them. A kernel
+    that refuses (a read-only /proc, say) leaves the priority as it was, with a warning."""
+    if nice <= 0:
+        return
+    try:
+        own_group = os.getsid(pid) == pid
+        if own_group and Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+        target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), target)
+            except ProcessLookupError:
+                continue  # the thread ended meanwhile
+    except OSError as exc:
+        log.warning("could not lower the CPU priority of process %d by %d: %s", pid, nice, exc)
+
+
+def start_service(name: str, module: str, args: list[str], log_dir: Path, env: dict | None = None,
+                  nice: int = 0) -> Service:
+    """Starts ``python -m module args`` in its own session (process group), logging to a
+    file, ``nice`` steps below this process's CPU priority (``set_nice``)."""
     log_path = log_dir / f"{name}.log"
     port_file = log_dir / f".{name}.port"
     port_file.unlink(missing_ok=True)
@@ -52,6 +82,7 @@ def start_service(name: str, module: str, args: list[str], log_dir: Path, env: d
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=full_env, start_new_session=True)
     log.close()
+    set_nice(proc.pid, nice)
     return Service(name, proc, log_path, port_file)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from amprl import errors
 from amprl.config import dump_config, load_config
 from amprl.envs.factory import check_env_id
-from amprl.launch.procs import Service, start_service, stop_services, wait_for_port
+from amprl.launch.procs import Service, set_nice, start_service, stop_services, wait_for_port
 
 log = logging.getLogger("amprl.run")
 
@@ -170,10 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             redis = EmbeddedRedis(run_dir / "redis")
             redis_url = redis.url
+            set_nice(redis.pid, cfg.run.nice.redis)
         common = ["--config", str(config_file), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
 
         def start(name, module, extra=(), env=None):
-            svc = start_service(name, module, [*common, *extra], log_dir, env)
+            kind = name.split("-")[0]  # actor-0 -> actor
+            svc = start_service(name, module, [*common, *extra], log_dir, env,
+                                nice=getattr(cfg.run.nice, kind))
             services.append(svc)
             return svc
 
