@@ -123,3 +123,24 @@ def test_buffers_follow_the_module_but_stay_out_of_the_state_dict():
     model = build_model(cfg("algo=td3"), PENDULUM).to(torch.float64)
     assert "action_low" not in model.state_dict()
     assert model.action_low.dtype == torch.float64
+
+
+def test_narrow_layers_stay_fp32_under_cpu_autocast_and_wide_ones_do_not():
+    torch.manual_seed(0)
+    model = build_model(cfg("network.hidden_sizes=[256, 256]"), CARTPOLE)
+    inp, mid = model.trunk.layers[0], model.trunk.layers[2]
+    adv = model.advantage[0]
+    assert inp.narrow and adv.narrow and not mid.narrow  # 4->256, 256->2; 256->256
+    obs = torch.randn(32, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h_in = inp(obs)
+        h_mid = mid(h_in.relu())
+        q = model(obs)
+    assert h_in.dtype == torch.float32 and q.dtype == torch.float32
+    assert h_mid.dtype == torch.bfloat16
+    # the narrow layer computes exactly what it computes without autocast
+    torch.testing.assert_close(h_in, inp(obs), rtol=0, atol=0)
+    # gradients reach every parameter in fp32
+    loss = q.sum()
+    loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
