@@ -294,21 +294,22 @@ class EvaluatorConfig:
 
 @dataclass
 class NiceConfig:
-    """CPU priority (nice steps below the launcher's own: 0 = the same, 19 = the lowest) of each process that
-    ``amprl run`` (and ``bench/learner.py``) starts on this machine. Each service runs in a
-    session of its own, so where the kernel groups sessions (``autogroup``, on by default in
-    most distributions) the value is set on the session's group -- a plain per-process nice
-    would then only rank threads inside one service -- and on every thread of the process.
+    """CPU priority of each process that ``amprl run`` (and ``bench/learner.py``) starts on
+    this machine, in nice steps below the launcher's own (0 = the same, 19 = the lowest).
+    Each service runs in a session of its own, so where the kernel groups sessions
+    (``autogroup``, on by default in most distributions) the value is set on the session's
+    group -- a plain per-process nice would then only rank threads inside one service --
+    and on every thread of the process.
 
     Why the learner comes first: its update thread is the only latency-critical thread of
     the system. The others serve it through queues (prefetch, pushes in flight, priorities
     sent in the background) or are paced by the rate limiter, so a few milliseconds' wait
     costs them nothing, while every millisecond the update thread waits for a core is a
     millisecond of lost updates. On 2 shared cores, equal priorities had the update thread
-    wait ~0.4-0.5 ms per MLP update for a core a service held; with the services at nice 19,
-    ~0.13 ms (nice 10: ~0.24 ms) (docs/tuning.md, "Who gets the core first"). Lower than 0 needs
-    CAP_SYS_NICE, so the others are raised instead. Ignored on Kubernetes, where each pod's
-    CPU requests and limits rank them."""
+    wait ~0.4-0.5 ms per MLP update for a core a service held; with the services at nice
+    19, ~0.13 ms (nice 10: ~0.24 ms; docs/tuning.md, "Who gets the core first"). Lower than
+    0 needs CAP_SYS_NICE, so the others are raised instead. Ignored on Kubernetes, where
+    each pod's CPU requests and limits rank them."""
 
     learner: int = 0
     replay: int = 19
