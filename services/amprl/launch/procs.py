@@ -50,10 +50,13 @@ def set_nice(pid: int, nice: int) -> None:
     that refuses (a read-only /proc, say) leaves the priority as it was, with a warning."""
     if nice <= 0:
         return
-    try:
-        own_group = os.getsid(pid) == pid
-        if own_group and Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+    try:  # the session's group: only if it is the process's own (never the launcher's)
+        switch = Path("/proc/sys/kernel/sched_autogroup_enabled")
+        if os.getsid(pid) == pid and switch.exists() and switch.read_text().strip() == "1":
             Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError as exc:
+        log.warning("could not lower the CPU priority of process %d's session by %d: %s", pid, nice, exc)
+    try:
         target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
