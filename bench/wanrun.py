@@ -56,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
 
     def start(name, module, extra=()):  # at the CPU priority amprl run gives it (run.nice)
-        svc = start_service(name, module, [*common, *extra], log_dir,
-                            nice=getattr(cfg.run.nice, name.split("-")[0]))
+        svc = start_service(name, module, [*common, *extra], log_dir, nice=cfg.run.nice.of(name))
         services.append(svc)
         return svc
 

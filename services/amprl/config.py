@@ -319,6 +319,10 @@ class NiceConfig:
     actor: int = 19
     evaluator: int = 19
 
+    def of(self, service: str) -> int:
+        """The value for a service by its process name ("replay", "actor-3", ...)."""
+        return getattr(self, service.split("-")[0])
+
 
 @dataclass
 class RunConfig:

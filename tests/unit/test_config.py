@@ -82,3 +82,9 @@ def test_the_slow_link_config_trains_the_default_agent():
     differ = {k for k in default if default[k] != wan[k]}
     assert differ <= _LINK_KEYS, f"agent settings that drifted apart: {sorted(differ - _LINK_KEYS)}"
     assert wan["learner.grad_encoding"] == "onebit" and wan["learner.apply_locally"]
+
+
+def test_run_nice_defaults_put_the_learner_first_and_name_services_by_process():
+    nice = load_config(None, ["run.nice.actor=7"]).run.nice
+    assert nice.learner == 0 and nice.replay == nice.paramserver == nice.redis == nice.evaluator == 19
+    assert nice.of("actor-3") == 7 and nice.of("replay") == 19 and nice.of("learner") == 0

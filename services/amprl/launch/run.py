@@ -174,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         common = ["--config", str(config_file), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
 
         def start(name, module, extra=(), env=None):
-            kind = name.split("-")[0]  # actor-0 -> actor
-            svc = start_service(name, module, [*common, *extra], log_dir, env,
-                                nice=getattr(cfg.run.nice, kind))
+            svc = start_service(name, module, [*common, *extra], log_dir, env, nice=cfg.run.nice.of(name))
             services.append(svc)
             return svc
 
