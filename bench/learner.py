@@ -44,8 +44,9 @@ default: 19 steps below the learner; ``--set run.nice.replay=0`` etc. for equal 
 (``learner.pin_update_thread``) and moves the learner's other threads, replay, the
 parameter server and Redis to the other CPUs, as when the learner has a core of its own (a
 learner pod with dedicated cores under Kubernetes' static CPU manager; the services on other
-hosts or cores): on a shared pair of cores the update thread otherwise waits ~1 ms per MLP
-update for a core that a service or helper took (``runqueue_wait``).
+hosts or cores): on a shared pair of cores at equal priority the update thread otherwise
+waited ~1 ms per MLP update for a core that a service or helper took (``runqueue_wait``;
+~0.13 ms at ``run.nice``'s default).
 """
 
 from __future__ import annotations

@@ -211,10 +211,11 @@ class LearnerConfig:
     Kubernetes pod with dedicated cores, the first of its cpuset) and every other thread of
     the learner process (prefetch, priorities, pushes, gRPC; re-checked every 0.5 s for new
     ones) to the others. For a learner with at least 2 dedicated cores, or on a host where
-    ``taskset`` keeps the other processes off that CPU: on a shared pair of cores the update
-    thread otherwise spends ~1 ms of a ~6 ms MLP update runnable but waiting for a core
-    that a service process or a helper thread took (docs/tuning.md). Needs 2 or more
-    allowed CPUs."""
+    ``taskset`` keeps the other processes off that CPU: on a shared pair of cores, at equal
+    priority, the update thread otherwise spends ~1 ms of a ~6 ms MLP update runnable but
+    waiting for a core that a service process or a helper thread took (docs/tuning.md;
+    ``run.nice``'s default priorities bring that to ~0.13 ms without pinning). Needs 2 or
+    more allowed CPUs."""
     overlap_targets: bool = False
     """DQN: compute the bootstrap targets (the target and online nets over s') on a second
     thread while the update thread runs the online net over s, then join them for the loss.
