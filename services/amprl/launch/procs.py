@@ -39,6 +39,28 @@ class Service:
         return "\n".join(text[-lines:])
 
 
+AUTOGROUP_SWITCH = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+def parse_autogroup(text: str) -> int | None:
+    """The nice in a ``/proc/<pid>/autogroup`` text ("/autogroup-123 nice 7"); None for the
+    empty text the kernel gives a process in the root group (one never moved into a session
+    group of its own, e.g. a CI runner's children of PID 1)."""
+    fields = text.split()
+    return int(fields[-1]) if len(fields) >= 3 and fields[-2] == "nice" else None
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The autogroup nice of ``pid``'s session; None where the kernel groups no sessions
+    or ``pid`` is in the root group."""
+    try:
+        if not AUTOGROUP_SWITCH.exists() or AUTOGROUP_SWITCH.read_text().strip() != "1":
+            return None
+        return parse_autogroup(Path(f"/proc/{pid}/autogroup").read_text())
+    except OSError:
+        return None
+
+
 def set_nice(pid: int, nice: int) -> None:
     """Lowers the CPU priority of process ``pid`` (started in a session of its own) by
     ``nice`` below this process's own (``run.nice``; 0 leaves it as is).
@@ -51,8 +73,7 @@ def set_nice(pid: int, nice: int) -> None:
     if nice <= 0:
         return
     try:  # the session's group: only if it is the process's own (never the launcher's)
-        switch = Path("/proc/sys/kernel/sched_autogroup_enabled")
-        if os.getsid(pid) == pid and switch.exists() and switch.read_text().strip() == "1":
+        if os.getsid(pid) == pid and autogroup_nice(pid) is not None:
             Path(f"/proc/{pid}/autogroup").write_text(str(nice))
     except OSError as exc:
         log.warning("could not lower the CPU priority of process %d's session by %d: %s", pid, nice, exc)

@@ -7,11 +7,9 @@ import os
 from pathlib import Path
 
 from amprl.common.redis_server import EmbeddedRedis
-from amprl.launch.procs import set_nice, start_service, stop_services, wait_for_port
+from amprl.launch.procs import autogroup_nice, set_nice, start_service, stop_services, wait_for_port
 
 from .conftest import TINY_CONFIG
-
-AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
 def thread_nices(pid: int) -> dict[int, int]:
@@ -24,13 +22,6 @@ def thread_nices(pid: int) -> dict[int, int]:
             continue
         out[int(tid)] = int(stat.rsplit(")", 1)[1].split()[16])
     return out
-
-
-def autogroup_nice(pid: int) -> int | None:
-    """The nice of ``pid``'s autogroup ("/autogroup-123 nice 7"), None where the kernel has none."""
-    if not AUTOGROUP.exists() or AUTOGROUP.read_text().strip() != "1":
-        return None
-    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
 
 
 def test_a_service_and_every_thread_it_starts_run_at_the_configured_nice(tmp_path):
@@ -49,10 +40,10 @@ def test_a_service_and_every_thread_it_starts_run_at_the_configured_nice(tmp_pat
         assert len(nices) > 2
         assert set(nices.values()) == {min(19, own + 7)}, nices
         assert set(thread_nices(equal.proc.pid).values()) == {own}
-        if own_group is not None:  # the session's group too; the launcher's own untouched
+        if autogroup_nice(low.proc.pid) is not None:  # the session's group too
             assert autogroup_nice(low.proc.pid) == 7
             assert autogroup_nice(equal.proc.pid) == 0
-            assert autogroup_nice(os.getpid()) == own_group
+        assert autogroup_nice(os.getpid()) == own_group  # the launcher's own untouched
         assert os.getpriority(os.PRIO_PROCESS, 0) == own
     finally:
         stop_services([low, equal])
