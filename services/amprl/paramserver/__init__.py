@@ -6,6 +6,7 @@ bound, versioned weights for actors and learners, and atomic checkpoints.
 """
 
 from amprl.paramserver.client import ParameterClient, VersionWatch, load_into
-from amprl.paramserver.store import ApplyResult, ParameterStore, Step
+from amprl.paramserver.store import ApplyResult, ParameterStore, Snapshot, Step, VersionedWeights
 
-__all__ = ["ApplyResult", "ParameterClient", "ParameterStore", "Step", "VersionWatch", "load_into"]
+__all__ = ["ApplyResult", "ParameterClient", "ParameterStore", "Snapshot", "Step", "VersionWatch",
+           "VersionedWeights", "load_into"]

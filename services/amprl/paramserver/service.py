@@ -3,6 +3,11 @@
 Translates messages (``amprl.compression`` decodes and encodes tensors) and errors (via
 ``map_errors``); the staleness rule and the optimizer live in ``store``.
 
+Weights are encoded and serialized once per (version, encoding) and the same bytes go to
+every puller: the service is registered with ``add_to_server``, whose serializer passes
+bytes through, because grpc-python would otherwise call SerializeToString on every send
+(megabytes per pull of an Atari network). Clients see ordinary messages.
+
 Two ports can serve the same store. The main port answers every RPC; the optional pull
 port answers PullParameters, WatchParameters and Info (plus health and reflection) and
 refuses PushGradients with PERMISSION_DENIED. On Kubernetes only learners may reach the
@@ -17,6 +22,7 @@ import threading
 from typing import Iterator, NamedTuple
 
 import grpc
+from google.protobuf import message as message_types
 import torch
 from torch import nn
 
@@ -24,7 +30,8 @@ from amprl.common import grpcutil
 from amprl.compression import decode, encode, payload_bytes
 from amprl.config import ExperimentConfig
 from amprl.errors import ConfigError, InvalidArgument, ResourceExhausted
-from amprl.paramserver.store import ParameterStore, Step, build_store, in_step
+from amprl.paramserver.store import (ParameterStore, Snapshot, Step, VersionedWeights,
+                                     build_store, in_step)
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
 log = logging.getLogger(__name__)
@@ -50,15 +57,49 @@ DEFAULT_MAX_WATCHERS = 224
 RESOURCE_EXHAUSTED (the client then polls with PullParameters), so pushes and pulls always
 keep DEFAULT_MAX_WORKERS - DEFAULT_MAX_WATCHERS threads."""
 
+_PARAMETERS_FIELD = paramserver_pb2.PullParametersResponse.DESCRIPTOR.fields_by_name["parameters"].number
+_WEIGHTS_FIELD = paramserver_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["weights"].number
+
+
+def _with_tensors(head: message_types.Message, field: int, tensors: list[bytes]) -> bytes:
+    """``head`` serialized, followed by ``tensors`` (serialized CompressedTensors) as the
+    repeated message field ``field``: what serializing ``head`` with those tensors in that
+    field gives, without serializing the tensors again. In protobuf's wire format a
+    repeated message field is one (tag, varint length, bytes) record per element, and
+    records may come in any order."""
+    assert field < 16  # a one-byte tag
+    parts = [head.SerializeToString()]
+    for tensor in tensors:
+        prefix = bytearray([field << 3 | 2])  # wire type 2: length-delimited
+        n = len(tensor)
+        while n > 0x7F:
+            prefix.append(n & 0x7F | 0x80)
+            n >>= 7
+        prefix.append(n)
+        parts += (prefix, tensor)
+    return b"".join(parts)
+
+
+class _Encoded(NamedTuple):
+    """One revision of the weights in one encoding, as the bytes every pull sends."""
+
+    revision: int
+    """``VersionedWeights.revision`` of the weights (what the cache is keyed on)."""
+    version: int
+    replies: list[bytes]
+    """Serialized PullParametersResponse messages; the last has last = true."""
+
 
 class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
-    """Serves one ParameterStore.
+    """Serves one ParameterStore (or, on a follower, the VersionedWeights it keeps).
 
-    Pull replies are encoded once per (version, encoding) and shared by every caller of
-    that version, so a fleet of actors pulling the same weights costs one encoding.
+    Pull replies are encoded and serialized once per (version, encoding) and the same bytes
+    are sent to every caller of that version, so a fleet of actors pulling the same weights
+    costs one encoding and one serialization. Methods answer bytes where they send cached
+    ones (``add_to_server`` registers them so).
     """
 
-    def __init__(self, store: ParameterStore, *,
+    def __init__(self, store: ParameterStore | VersionedWeights, *,
                  max_message_bytes: int = grpcutil.DEFAULT_MAX_MESSAGE_BYTES,
                  max_watchers: int = DEFAULT_MAX_WATCHERS, watch_poll_s: float = 0.5):
         self.store = store
@@ -72,7 +113,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         self.max_watchers = max_watchers
         self.watch_poll_s = watch_poll_s
         self._lock = threading.Lock()
-        self._cache: dict[int, tuple[int, list[paramserver_pb2.PullParametersResponse]]] = {}
+        self._cache: dict[int, _Encoded] = {}
         self._encode_locks = {enc: threading.Lock() for enc in _PULL_ENCODINGS}
         self._watchers = 0
         self._closing = threading.Event()
@@ -104,7 +145,8 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         return grads
 
     @grpcutil.map_errors
-    def PushGradients(self, request: paramserver_pb2.PushGradientsRequest, context):
+    def PushGradients(self, request: paramserver_pb2.PushGradientsRequest,
+                      context) -> paramserver_pb2.PushGradientsResponse | bytes:
         store = self.store
         parts = [(request.gradients, request.batch_size)] + [
             (step.gradients, step.batch_size) for step in request.more_steps]
@@ -129,22 +171,24 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
                          else paramserver_pb2.PUSH_DISPOSITION_APPLIED),
             staleness=result.staleness, scale=result.scale)
         if result.weights is not None:
-            # the fp32 messages a pull of this version serves (and now finds cached); sent
+            # the fp32 tensors a pull of this version serves (and now finds cached); sent
             # back only when they fit one message, else the caller pulls them in chunks
-            _, responses = self._encode_snapshot(tensor_pb2.ENCODING_FP32, result.version, result.weights)
-            if len(responses) == 1:
-                reply.weights.extend(responses[0].parameters)
+            encoded, tensors = self._encode_snapshot(
+                tensor_pb2.ENCODING_FP32, Snapshot(result.version, result.weights, result.revision))
+            if len(encoded.replies) == 1:
                 store.count_pull(unchanged=False)
+                return _with_tensors(reply, _WEIGHTS_FIELD, tensors)
         return reply
 
     # -- PullParameters ------------------------------------------------------------------
 
-    def _cached(self, encoding: int):
+    def _cached(self, encoding: int) -> _Encoded | None:
         with self._lock:
             cached = self._cache.get(encoding)
-        return cached if cached is not None and cached[0] == self.store.version else None
+        return cached if cached is not None and cached.revision == self.store.revision else None
 
-    def _encoded(self, encoding: int) -> tuple[int, list[paramserver_pb2.PullParametersResponse]]:
+    def encoded(self, encoding: int) -> _Encoded:
+        """The current weights in ``encoding`` as pull replies, encoded on first use."""
         cached = self._cached(encoding)
         if cached is not None:
             return cached
@@ -154,33 +198,36 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
             cached = self._cached(encoding)
             if cached is not None:
                 return cached
-            return self._encode_snapshot(encoding, *self.store.snapshot())
+            return self._encode_snapshot(encoding, self.store.snapshot())[0]
 
-    def _encode_snapshot(self, encoding: int, version: int, weights: dict[str, torch.Tensor]):
+    def _encode_snapshot(self, encoding: int, snap: Snapshot) -> tuple[_Encoded, list[bytes]]:
+        """Encodes and serializes ``snap`` once: (its pull replies, now cached unless a newer
+        revision already is; each tensor's serialized CompressedTensor, in order)."""
         name = _PULL_ENCODINGS[encoding]
-        responses: list[paramserver_pb2.PullParametersResponse] = []
-        current: list[tensor_pb2.CompressedTensor] = []
+        tensors = [encode(pname, t, name).SerializeToString() for pname, t in snap.weights.items()]
+        replies: list[bytes] = []
+        chunk: list[bytes] = []
         size = 0
-        for pname, tensor in weights.items():
-            msg = encode(pname, tensor, name)
-            n = msg.ByteSize() + 8  # + tag and length prefix of the repeated field
-            if current and size + n > self.chunk_bytes:
-                responses.append(paramserver_pb2.PullParametersResponse(version=version,
-                                                                        parameters=current))
-                current, size = [], 0
-            current.append(msg)
+        for tensor in tensors:
+            n = len(tensor) + 8  # + tag and length prefix of the repeated field
+            if chunk and size + n > self.chunk_bytes:
+                replies.append(_with_tensors(paramserver_pb2.PullParametersResponse(
+                    version=snap.version), _PARAMETERS_FIELD, chunk))
+                chunk, size = [], 0
+            chunk.append(tensor)
             size += n
-        responses.append(paramserver_pb2.PullParametersResponse(version=version, parameters=current))
-        responses[-1].last = True
+        replies.append(_with_tensors(paramserver_pb2.PullParametersResponse(
+            version=snap.version, last=True), _PARAMETERS_FIELD, chunk))
+        encoded = _Encoded(snap.revision, snap.version, replies)
         with self._lock:
             old = self._cache.get(encoding)
-            if old is None or old[0] <= version:
-                self._cache[encoding] = (version, responses)
-        return version, responses
+            if old is None or old.revision <= snap.revision:
+                self._cache[encoding] = encoded
+        return encoded, tensors
 
     @grpcutil.map_errors
     def PullParameters(self, request: paramserver_pb2.PullParametersRequest,
-                       context) -> Iterator[paramserver_pb2.PullParametersResponse]:
+                       context) -> Iterator[paramserver_pb2.PullParametersResponse | bytes]:
         encoding = request.encoding or tensor_pb2.ENCODING_FP32
         if encoding not in _PULL_ENCODINGS:
             raise InvalidArgument(f"encoding {tensor_pb2.Encoding.Name(encoding) if encoding in tensor_pb2.Encoding.values() else encoding}: "
@@ -192,8 +239,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
             yield paramserver_pb2.PullParametersResponse(version=version, unchanged=True, last=True)
             return
         self.store.count_pull(unchanged=False)
-        _, responses = self._encoded(encoding)
-        yield from responses
+        yield from self.encoded(encoding).replies
 
     # -- WatchParameters -----------------------------------------------------------------
 
@@ -240,29 +286,76 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         return paramserver_pb2.ParameterServiceInfoResponse(**self.store.info())
 
 
-class PullOnlyServicer(paramserver_pb2_grpc.ParameterServiceServicer):
-    """The read-only face of a ParameterServicer, served on the pull port.
+PULL_PORT_REFUSAL = ("PushGradients is not served on the parameter server's pull port (weights "
+                     "are read-only here); learners push to the main port (--port / AMPRL_PORT)")
 
-    Delegates reads to the main servicer, so both ports share one encoding cache, one
-    watch-stream limit and one set of live-client counts.
+
+class PullOnlyServicer(paramserver_pb2_grpc.ParameterServiceServicer):
+    """The read-only face of a ParameterServicer: the main server's pull port, and a
+    pull-only follower (``amprl.paramserver.follower``).
+
+    Delegates reads to ``inner``, so the main server's two ports share one encoding cache,
+    one watch-stream limit and one set of live-client counts, and refuses PushGradients
+    with PERMISSION_DENIED and ``refusal`` (which says where to push instead). With
+    ``ready`` (a follower), PullParameters and WatchParameters answer UNAVAILABLE with
+    ``not_ready`` until the event is set: before its first weights a follower has nothing
+    it may serve.
     """
 
-    def __init__(self, inner: ParameterServicer):
+    def __init__(self, inner: ParameterServicer, *, refusal: str = PULL_PORT_REFUSAL,
+                 ready: threading.Event | None = None, not_ready: str = "no weights yet"):
         self.inner = inner
+        self.refusal = refusal
+        self.ready = ready
+        self.not_ready = not_ready
+
+    def _check_ready(self, context) -> None:
+        if self.ready is not None and not self.ready.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, self.not_ready)
 
     def PushGradients(self, request, context):
-        context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                      "PushGradients is not served on the parameter server's pull port (weights "
-                      "are read-only here); learners push to the main port (--port / AMPRL_PORT)")
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, self.refusal)
 
     def PullParameters(self, request, context):
+        self._check_ready(context)
         return self.inner.PullParameters(request, context)
 
     def WatchParameters(self, request, context):
+        self._check_ready(context)
         return self.inner.WatchParameters(request, context)
 
     def Info(self, request, context):
         return self.inner.Info(request, context)
+
+
+def _serialized(reply: message_types.Message | bytes) -> bytes:
+    """A reply as sent: bytes as they are (serialized once, for every caller), a message
+    serialized now."""
+    return reply if isinstance(reply, bytes) else reply.SerializeToString()
+
+
+def add_to_server(servicer: paramserver_pb2_grpc.ParameterServiceServicer, server: grpc.Server) -> None:
+    """Registers ``servicer`` as ParameterService on ``server``: the generated
+    ``add_ParameterServiceServicer_to_server`` except that PushGradients and PullParameters
+    may answer bytes, sent without serializing again. Clients, their generated stubs and
+    reflection see no difference."""
+    pb = paramserver_pb2
+    handlers = {
+        "PushGradients": grpc.unary_unary_rpc_method_handler(
+            servicer.PushGradients, request_deserializer=pb.PushGradientsRequest.FromString,
+            response_serializer=_serialized),
+        "PullParameters": grpc.unary_stream_rpc_method_handler(
+            servicer.PullParameters, request_deserializer=pb.PullParametersRequest.FromString,
+            response_serializer=_serialized),
+        "WatchParameters": grpc.unary_stream_rpc_method_handler(
+            servicer.WatchParameters, request_deserializer=pb.WatchParametersRequest.FromString,
+            response_serializer=pb.WatchParametersResponse.SerializeToString),
+        "Info": grpc.unary_unary_rpc_method_handler(
+            servicer.Info, request_deserializer=pb.ParameterServiceInfoRequest.FromString,
+            response_serializer=pb.ParameterServiceInfoResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 class ParameterServer(NamedTuple):
@@ -306,15 +399,14 @@ def create_server(cfg: ExperimentConfig, model: nn.Module | None = None, *,
     servicer = ParameterServicer(store, max_message_bytes=max_message_bytes,
                                  max_watchers=min(max_watchers, max(1, max_workers - 8)))
     server, bound = grpcutil.create_server(
-        [(paramserver_pb2_grpc.add_ParameterServiceServicer_to_server, servicer, SERVICE_NAME)],
+        [(add_to_server, servicer, SERVICE_NAME)],
         host=host, port=cfg.paramserver.port if port is None else port, max_workers=max_workers,
         max_message_bytes=max_message_bytes)
     pull_server, pull_bound = None, 0
     if pull_port is not None:
         try:
             pull_server, pull_bound = grpcutil.create_server(
-                [(paramserver_pb2_grpc.add_ParameterServiceServicer_to_server,
-                  PullOnlyServicer(servicer), SERVICE_NAME)],
+                [(add_to_server, PullOnlyServicer(servicer), SERVICE_NAME)],
                 host=host, port=pull_port, max_workers=max_workers,
                 max_message_bytes=max_message_bytes)
         except BaseException:

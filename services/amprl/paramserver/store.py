@@ -1,6 +1,9 @@
 """The parameter store: master weights, their optimizer, a version, and the staleness rule.
 
-The store knows nothing of gRPC; ``amprl.paramserver.service`` adapts it.
+The store knows nothing of gRPC; ``amprl.paramserver.service`` adapts it. What serving
+weights needs (the weights, their version, who reads them) is ``VersionedWeights``; a
+pull-only follower (``amprl.paramserver.follower``) holds only that, and
+``ParameterStore`` adds the optimizer and the staleness rule on top.
 
 Staleness rule (asynchronous SGD with bounded delay, as in Ho et al. 2013 "SSP" and the
 Ape-X/IMPALA learners): every applied gradient advances ``version`` by one. A learner
@@ -45,7 +48,7 @@ import copy
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, NamedTuple, Self
 
 import torch
 from torch import nn
@@ -91,6 +94,18 @@ class ApplyResult:
     """True when staleness scaling changed the gradient (scale < 1)."""
     weights: dict[str, torch.Tensor] | None = None
     """With ``apply(..., snapshot=True)``: a copy of the weights of exactly ``version``."""
+    revision: int = 0
+    """The store's ``revision`` after the step (names these weights, as ``Snapshot``)."""
+
+
+class Snapshot(NamedTuple):
+    """A consistent copy of the weights (``VersionedWeights.snapshot``)."""
+
+    version: int
+    weights: dict[str, torch.Tensor]
+    """Copies, by name, in serving order."""
+    revision: int
+    """``VersionedWeights.revision`` of these weights."""
 
 
 @dataclass
@@ -117,39 +132,27 @@ class _Clients:
     watching: dict[str, int] = field(default_factory=dict)
 
 
-class ParameterStore:
-    """Master fp32 weights + Adam + version counter; thread-safe.
+class VersionedWeights:
+    """Weights, their version, and the clients reading them; thread-safe.
 
-    Build it from a model (``ParameterStore.from_model``); the model's named parameters in
-    ``named_parameters()`` order are the store's tensors (the order weights are served in).
+    What a server of weights needs, and all a pull-only follower holds: ``replace`` is its
+    only write. ``revision`` counts every change of the weights, including one that keeps
+    the version number (a follower adopting the weights of a main server that restarted
+    without a checkpoint), so a cache keyed on it never serves stale bytes.
     """
 
-    def __init__(self, params: Mapping[str, torch.Tensor], *, lr: float = 1e-3,
-                 adam_eps: float = 1e-8, lr_final: float | None = None,
-                 lr_decay_versions: int = 0, betas: tuple[float, float] = (0.9, 0.999),
-                 max_staleness: int = 16, staleness_scaling: bool = False,
+    def __init__(self, params: Mapping[str, torch.Tensor], *,
                  live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu",
-                 reorder_wait_s: float = DEFAULT_REORDER_WAIT_S, share: bool = False):
+                 share: bool = False):
         if not params:
             raise InvalidArgument("a parameter store needs at least one parameter")
-        if max_staleness < 0:
-            raise InvalidArgument(f"max_staleness ({max_staleness}) must be >= 0")
         self.device = torch.device(device)
         self.params: dict[str, nn.Parameter] = {
             name: self._own(name, t, share) for name, t in params.items()}
         self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
-        # fused: one kernel for the whole step (CPU and CUDA), 0.12 ms instead of foreach's
-        # 0.37 ms (and a Python loop's 0.29 ms) for the CartPole network here; it runs on
-        # the server for every push and on a learner with apply_locally for every update.
-        self.optimizer = _adam(list(self.params.values()), lr=lr, betas=betas, eps=adam_eps)
-        self.lr = float(lr)
-        self.lr_final = None if lr_final is None or lr_final < 0 or lr_decay_versions <= 0 else float(lr_final)
-        self.lr_decay_versions = int(lr_decay_versions)
-        self.max_staleness = int(max_staleness)
-        self.staleness_scaling = bool(staleness_scaling)
         self.live_window_s = float(live_window_s)
-        self.reorder_wait_s = float(reorder_wait_s)
         self.version = 0
+        self.revision = 0
         self.checkpoint_version = 0
         self.counters = Counters()
         self._clients = _Clients()
@@ -171,12 +174,151 @@ class ParameterStore:
         return nn.Parameter(own)
 
     @classmethod
-    def from_model(cls, model: nn.Module, **kwargs) -> "ParameterStore":
+    def from_model(cls, model: nn.Module, **kwargs) -> Self:
         return cls(dict(model.named_parameters()), **kwargs)
 
     @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.params.values())
+
+    # -- weights -----------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """(version, a consistent copy of the weights in serving order, revision)."""
+        with self._lock:
+            return Snapshot(self.version, {n: p.detach().clone() for n, p in self.params.items()},
+                            self.revision)
+
+    def replace(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Takes ``weights`` (every parameter, by name) as those of ``version``: how a
+        follower adopts what it pulled. The version may go down (the main server resumed
+        from an older checkpoint). InvalidArgument when the names or shapes differ from
+        this store's; nothing changes then."""
+        if set(weights) != set(self.params):
+            missing = sorted(set(self.params) - set(weights))
+            unknown = sorted(set(weights) - set(self.params))
+            raise InvalidArgument(f"weights do not match the model: missing {missing[:4]}, "
+                                  f"unknown {unknown[:4]}")
+        for name, t in weights.items():
+            if tuple(t.shape) != self.shapes[name]:
+                raise InvalidArgument(f"{name}: shape {list(t.shape)} differs from the "
+                                      f"model's {list(self.shapes[name])}")
+        with self._lock, torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(weights[name])
+            self.version = int(version)
+            self.revision += 1
+            self.changed.notify_all()
+
+    def count_pull(self, *, unchanged: bool) -> None:
+        with self._lock:
+            if unchanged:
+                self.counters.pulls_unchanged += 1
+            else:
+                self.counters.pulls_with_weights += 1
+
+    def wait_for_version(self, have_version: int, timeout: float | None) -> int:
+        """Blocks until the version differs from ``have_version`` (or timeout/close)."""
+        with self._lock:
+            if self.version == have_version and not self.closed:
+                self.changed.wait(timeout)
+            return self.version
+
+    def close(self) -> None:
+        """Wakes every waiter for good (server shutdown)."""
+        with self._lock:
+            self.closed = True
+            self.changed.notify_all()
+
+    # -- clients and Info ----------------------------------------------------------------
+
+    def note_client(self, client_id: str) -> None:
+        if client_id:
+            with self._lock:
+                self._clients.last_seen[client_id] = time.monotonic()
+
+    def watch_started(self, client_id: str) -> None:
+        with self._lock:
+            self._clients.watching[client_id] = self._clients.watching.get(client_id, 0) + 1
+            if client_id:
+                self._clients.last_seen[client_id] = time.monotonic()
+
+    def watch_ended(self, client_id: str) -> None:
+        with self._lock:
+            left = self._clients.watching.get(client_id, 0) - 1
+            if left > 0:
+                self._clients.watching[client_id] = left
+            else:
+                self._clients.watching.pop(client_id, None)
+            if client_id:
+                self._clients.last_seen[client_id] = time.monotonic()
+
+    def live_clients(self) -> tuple[int, int, int]:
+        """(clients_live, actors_live, learners_live) within the live window."""
+        now = time.monotonic()
+        horizon = now - self.live_window_s
+        with self._lock:
+            for d in (self._clients.last_seen, self._clients.learners_seen):
+                for k in [k for k, t in d.items() if t < horizon]:
+                    del d[k]  # forget ids that left, so the maps stay small
+            live = set(self._clients.last_seen) | {k for k in self._clients.watching if k}
+            learners = len(self._clients.learners_seen)
+        return len(live), sum(1 for c in live if c.startswith("actor")), learners
+
+    def info(self) -> dict:
+        """Everything ParameterServiceInfoResponse reports, as a dict of its field names."""
+        clients, actors, learners = self.live_clients()
+        with self._lock:
+            c = copy.copy(self.counters)
+            version, ckpt = self.version, self.checkpoint_version
+        return {
+            "version": version,
+            "pushes_applied": c.pushes_applied,
+            "pushes_scaled": c.pushes_scaled,
+            "pushes_rejected_stale": c.pushes_rejected_stale,
+            "pushes_rejected_invalid": c.pushes_rejected_invalid,
+            "max_staleness": c.max_staleness_accepted,
+            "pulls_with_weights": c.pulls_with_weights,
+            "pulls_unchanged": c.pulls_unchanged,
+            "gradient_bytes_received": c.gradient_bytes_received,
+            "checkpoint_version": ckpt,
+            "clients_live": clients,
+            "actors_live": actors,
+            "learners_live": learners,
+            "live_window_seconds": self.live_window_s,
+            "num_tensors": len(self.params),
+            "num_parameters": self.num_parameters,
+            "transitions_trained": c.transitions_trained,
+        }
+
+
+
+class ParameterStore(VersionedWeights):
+    """Master fp32 weights + Adam + version counter; thread-safe.
+
+    Build it from a model (``ParameterStore.from_model``); the model's named parameters in
+    ``named_parameters()`` order are the store's tensors (the order weights are served in).
+    """
+
+    def __init__(self, params: Mapping[str, torch.Tensor], *, lr: float = 1e-3,
+                 adam_eps: float = 1e-8, lr_final: float | None = None,
+                 lr_decay_versions: int = 0, betas: tuple[float, float] = (0.9, 0.999),
+                 max_staleness: int = 16, staleness_scaling: bool = False,
+                 live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu",
+                 reorder_wait_s: float = DEFAULT_REORDER_WAIT_S, share: bool = False):
+        if max_staleness < 0:
+            raise InvalidArgument(f"max_staleness ({max_staleness}) must be >= 0")
+        super().__init__(params, live_window_s=live_window_s, device=device, share=share)
+        # fused: one kernel for the whole step (CPU and CUDA), 0.12 ms instead of foreach's
+        # 0.37 ms (and a Python loop's 0.29 ms) for the CartPole network here; it runs on
+        # the server for every push and on a learner with apply_locally for every update.
+        self.optimizer = _adam(list(self.params.values()), lr=lr, betas=betas, eps=adam_eps)
+        self.lr = float(lr)
+        self.lr_final = None if lr_final is None or lr_final < 0 or lr_decay_versions <= 0 else float(lr_final)
+        self.lr_decay_versions = int(lr_decay_versions)
+        self.max_staleness = int(max_staleness)
+        self.staleness_scaling = bool(staleness_scaling)
+        self.reorder_wait_s = float(reorder_wait_s)
 
     # -- gradients ---------------------------------------------------------------------
 
@@ -275,9 +417,10 @@ class ParameterStore:
                 self.counters.transitions_trained += int(step.batch_size)
             self.counters.max_staleness_accepted = max(self.counters.max_staleness_accepted,
                                                        staleness)
+            self.revision += 1
             self.changed.notify_all()
             weights = ({n: p.detach().clone() for n, p in self.params.items()} if snapshot else None)
-            return ApplyResult(self.version, staleness, scale, scaled, weights)
+            return ApplyResult(self.version, staleness, scale, scaled, weights, self.revision)
 
     def _step(self, step: Step, scale: float) -> None:
         """One optimizer step at the current version (call with the lock held)."""
@@ -361,33 +504,6 @@ class ParameterStore:
         with self._lock:
             self.counters.pushes_rejected_invalid += 1
 
-    # -- weights -----------------------------------------------------------------------
-
-    def snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """(version, a consistent copy of the weights in serving order)."""
-        with self._lock:
-            return self.version, {n: p.detach().clone() for n, p in self.params.items()}
-
-    def count_pull(self, *, unchanged: bool) -> None:
-        with self._lock:
-            if unchanged:
-                self.counters.pulls_unchanged += 1
-            else:
-                self.counters.pulls_with_weights += 1
-
-    def wait_for_version(self, have_version: int, timeout: float | None) -> int:
-        """Blocks until the version differs from ``have_version`` (or timeout/close)."""
-        with self._lock:
-            if self.version == have_version and not self.closed:
-                self.changed.wait(timeout)
-            return self.version
-
-    def close(self) -> None:
-        """Wakes every waiter for good (server shutdown)."""
-        with self._lock:
-            self.closed = True
-            self.changed.notify_all()
-
     # -- state for checkpoints -----------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -421,69 +537,9 @@ class ParameterStore:
             for g, h in zip(self.optimizer.param_groups, hyper):
                 g.update(h)  # the config of this run wins over the checkpoint's (e.g. a new lr)
             self.version = int(state["version"])
+            self.revision += 1
             self.checkpoint_version = self.version
             self.changed.notify_all()
-
-    # -- clients and Info ----------------------------------------------------------------
-
-    def note_client(self, client_id: str) -> None:
-        if client_id:
-            with self._lock:
-                self._clients.last_seen[client_id] = time.monotonic()
-
-    def watch_started(self, client_id: str) -> None:
-        with self._lock:
-            self._clients.watching[client_id] = self._clients.watching.get(client_id, 0) + 1
-            if client_id:
-                self._clients.last_seen[client_id] = time.monotonic()
-
-    def watch_ended(self, client_id: str) -> None:
-        with self._lock:
-            left = self._clients.watching.get(client_id, 0) - 1
-            if left > 0:
-                self._clients.watching[client_id] = left
-            else:
-                self._clients.watching.pop(client_id, None)
-            if client_id:
-                self._clients.last_seen[client_id] = time.monotonic()
-
-    def live_clients(self) -> tuple[int, int, int]:
-        """(clients_live, actors_live, learners_live) within the live window."""
-        now = time.monotonic()
-        horizon = now - self.live_window_s
-        with self._lock:
-            for d in (self._clients.last_seen, self._clients.learners_seen):
-                for k in [k for k, t in d.items() if t < horizon]:
-                    del d[k]  # forget ids that left, so the maps stay small
-            live = set(self._clients.last_seen) | {k for k in self._clients.watching if k}
-            learners = len(self._clients.learners_seen)
-        return len(live), sum(1 for c in live if c.startswith("actor")), learners
-
-    def info(self) -> dict:
-        """Everything ParameterServiceInfoResponse reports, as a dict of its field names."""
-        clients, actors, learners = self.live_clients()
-        with self._lock:
-            c = copy.copy(self.counters)
-            version, ckpt = self.version, self.checkpoint_version
-        return {
-            "version": version,
-            "pushes_applied": c.pushes_applied,
-            "pushes_scaled": c.pushes_scaled,
-            "pushes_rejected_stale": c.pushes_rejected_stale,
-            "pushes_rejected_invalid": c.pushes_rejected_invalid,
-            "max_staleness": c.max_staleness_accepted,
-            "pulls_with_weights": c.pulls_with_weights,
-            "pulls_unchanged": c.pulls_unchanged,
-            "gradient_bytes_received": c.gradient_bytes_received,
-            "checkpoint_version": ckpt,
-            "clients_live": clients,
-            "actors_live": actors,
-            "learners_live": learners,
-            "live_window_seconds": self.live_window_s,
-            "num_tensors": len(self.params),
-            "num_parameters": self.num_parameters,
-            "transitions_trained": c.transitions_trained,
-        }
 
 
 def _clone_tensors(obj):

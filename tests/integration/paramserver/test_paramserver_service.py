@@ -396,3 +396,83 @@ def test_the_client_reconnects_to_a_restarted_server(start_server):
         assert client.push(0, fp32_grads(again)).version == 1
     finally:
         again.stop(grace_s=0)
+
+
+# -- one encoding and one serialization per version, whoever pulls -------------------------
+
+def _raw_pull(channel, encoding=tensor_pb2.ENCODING_FP32, have_version=0) -> list[bytes]:
+    """A pull read as the bytes on the wire (no deserializer)."""
+    pull = channel.unary_stream("/amprl.v1.ParameterService/PullParameters")
+    request = paramserver_pb2.PullParametersRequest(have_version=have_version, encoding=encoding)
+    return list(pull(request.SerializeToString(), timeout=10))
+
+
+@pytest.fixture
+def count_encodings(monkeypatch):
+    """Counts the tensor encodings the server makes."""
+    from amprl.paramserver import service
+    calls = []
+
+    def counting(name, tensor, encoding):
+        calls.append((name, encoding))
+        return encode(name, tensor, encoding)
+
+    monkeypatch.setattr(service, "encode", counting)
+    return calls
+
+
+def test_every_pull_of_a_version_gets_the_same_bytes_encoded_once(start_server, count_encodings):
+    ps, client = start_server()
+    tensors = len(ps.store.shapes)
+    first = _raw_pull(client.channel)
+    assert _raw_pull(client.channel) == first and len(count_encodings) == tensors
+    # The bytes sent are the cached ones, serialized when the version was encoded.
+    cached = ps.servicer.encoded(tensor_pb2.ENCODING_FP32)
+    assert cached is ps.servicer.encoded(tensor_pb2.ENCODING_FP32) and cached.replies == first
+    (reply,) = [paramserver_pb2.PullParametersResponse.FromString(b) for b in first]
+    assert reply.version == 0 and reply.last and not reply.unchanged
+    assert [m.name for m in reply.parameters] == list(ps.store.shapes)
+    assert all(torch.equal(decode(m), ps.store.params[m.name].detach()) for m in reply.parameters)
+    # Each half-precision encoding is made once too, and serves what the client decodes.
+    for encoding, name in ((tensor_pb2.ENCODING_BF16, "bf16"), (tensor_pb2.ENCODING_FP16, "fp16")):
+        assert _raw_pull(client.channel, encoding) == _raw_pull(client.channel, encoding)
+        assert client.pull(encoding=name)[1].keys() == ps.store.shapes.keys()
+    assert len(count_encodings) == 3 * tensors
+    assert {e for _, e in count_encodings} == {"fp32", "bf16", "fp16"}
+
+
+def test_a_new_version_is_encoded_once_however_many_pull_it(start_server, count_encodings):
+    import concurrent.futures
+
+    ps, client = start_server()
+    _raw_pull(client.channel)
+    client.push(0, fp32_grads(ps))
+    before = len(count_encodings)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        pulls = list(pool.map(lambda _: _raw_pull(client.channel), range(32)))
+    assert len(count_encodings) - before == len(ps.store.shapes)
+    assert all(p == pulls[0] for p in pulls)
+    assert paramserver_pb2.PullParametersResponse.FromString(pulls[0][0]).version == 1
+    assert client.info().pulls_with_weights == 33
+
+
+def test_chunked_pull_replies_are_cached_bytes_that_parse_as_the_messages(start_server):
+    ps, client = start_server(wide_model(), max_message_bytes=40 * 1024)
+    replies = _raw_pull(client.channel)
+    assert len(replies) >= 4 and replies == _raw_pull(client.channel)
+    assert all(len(r) <= 40 * 1024 for r in replies)
+    parsed = [paramserver_pb2.PullParametersResponse.FromString(r) for r in replies]
+    assert [r.last for r in parsed] == [False] * (len(parsed) - 1) + [True]
+    tensors = [m for r in parsed for m in r.parameters]  # 16 KB each: 3-byte length prefixes
+    assert [m.name for m in tensors] == list(ps.store.shapes)
+    assert all(torch.equal(decode(m), ps.store.params[m.name].detach()) for m in tensors)
+
+
+def test_a_push_reply_with_weights_fills_the_pull_cache(start_server, count_encodings):
+    ps, client = start_server()
+    reply = client.push(0, fp32_grads(ps), return_weights=True)
+    assert reply.version == 1 and reply.disposition == paramserver_pb2.PUSH_DISPOSITION_APPLIED
+    assert len(count_encodings) == len(ps.store.shapes)
+    pulled = [paramserver_pb2.PullParametersResponse.FromString(b) for b in _raw_pull(client.channel)]
+    assert len(count_encodings) == len(ps.store.shapes)  # the pull found the push's encoding
+    assert list(reply.weights) == list(pulled[0].parameters)
