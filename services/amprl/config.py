@@ -139,6 +139,16 @@ class ReplayConfig:
     """Frame compression in Redis: auto = lz4 for image frames, none for vectors."""
     port: int = 0
     """Listen port; 0 = any free port (the launcher passes one)."""
+    max_insert_streams: int = 1024
+    """Insert streams one replay shard serves at once (one per actor sending, each a few
+    KiB of memory and no thread); a stream beyond it is refused with RESOURCE_EXHAUSTED and
+    its actor backs off and retries. Raise it, or add shards, for a larger fleet."""
+    insert_idle_timeout_s: float = 30.0
+    """An Insert stream that sends no chunk for this long is ended with DEADLINE_EXCEEDED
+    (what it sent before is stored), so a stuck client cannot hold a stream slot."""
+    keepalive_s: float = 20.0
+    """Replay pings every connection this often and closes one whose peer does not answer
+    within half of it, ending the calls of an actor that died without closing them."""
 
 
 @dataclass
@@ -380,6 +390,11 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "replay.min_size_to_sample": (lambda v: v >= 1, "must be >= 1"),
     "replay.samples_per_insert": (lambda v: v >= 0, "must be >= 0"),
     "replay.cache_max_bytes": (lambda v: v >= 0, "must be >= 0"),
+    "replay.max_insert_streams": (lambda v: v >= 1, "must be >= 1"),
+    "replay.insert_idle_timeout_s": (lambda v: v > 0, "must be > 0"),
+    "replay.keepalive_s": (lambda v: v >= 1, "must be >= 1 (the server refuses pings from its "
+                                              "peers more often than every 10 s, and its own "
+                                              "should not be much more frequent)"),
     "learner.batch_size": (lambda v: v >= 1, "must be >= 1"),
     "learner.grad_clip_norm": (lambda v: v > 0, "must be > 0"),
     "learner.prefetch_batches": (lambda v: v >= 1, "must be >= 1"),

@@ -33,6 +33,7 @@ from amprl import errors
 from amprl.actor.exploration import apex_epsilon, derive_seed, gaussian_exploration, seed_everything
 from amprl.actor.nstep import NStepChunker
 from amprl.actor.policy import ActingPolicy, ActingQNetwork, acting_dtype
+from amprl.common.backoff import Backoff
 from amprl.config import ExperimentConfig
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 
 _SEND_LINGER_S = 0.02
 """How long the sender waits for more chunks to share an Insert call (adds <= 20 ms of latency)."""
+_INSERT_TIMEOUT_S = 5.0
+"""Deadline of one Insert call, rate-limiter waits included."""
+_RETRY_BASE_S, _RETRY_CAP_S = 0.1, 5.0
+"""Backoff of retried inserts and weight pulls: the first pause 0.05-0.1 s, doubling up to
+2.5-5 s."""
 
 
 @dataclass
@@ -51,6 +57,9 @@ class ActorStats:
     episodes: int = 0
     transitions_sent: int = 0
     insert_errors: int = 0
+    """Inserts rejected for good (a bad chunk); their transitions are dropped."""
+    insert_retries: int = 0
+    """Inserts tried again after RESOURCE_EXHAUSTED, UNAVAILABLE or DEADLINE_EXCEEDED."""
 
 
 class Actor:
@@ -109,6 +118,7 @@ class Actor:
         self._synced = True
 
     def _pull_loop(self) -> None:
+        backoff = Backoff(base_s=_RETRY_BASE_S, cap_s=_RETRY_CAP_S)
         while not self._stop.is_set():
             if not self._want_pull.wait(timeout=0.5):
                 continue
@@ -123,8 +133,10 @@ class Actor:
                 version, weights = self.ps.pull(have_version=have, encoding="fp32", timeout=30.0)
             except errors.AmprlError as exc:
                 log.warning("weight pull failed: %s", exc)
-                self._stop.wait(0.5)
+                self._want_pull.set()  # try again after the pause
+                self._stop.wait(backoff.next())
                 continue
+            backoff.reset()
             if weights is not None:
                 with self._pending_lock:
                     self._pending = (version, weights)
@@ -160,17 +172,23 @@ class Actor:
                     self._unacked_cv.notify_all()
 
     def _insert(self, items) -> None:
+        """Sends ``items`` until replay stores them (or the actor stops). A full shard
+        (RESOURCE_EXHAUSTED), an unreachable one (UNAVAILABLE) and a rate-limited wait that
+        outlasted the call (DEADLINE_EXCEEDED) are retried with the same items after a
+        jittered, growing pause, so a fleet refused together does not come back together."""
+        backoff = Backoff(base_s=_RETRY_BASE_S, cap_s=_RETRY_CAP_S)
         while True:
             try:
-                reply = self.replay.insert(self.actor_id, items, timeout=5.0)
+                reply = self.replay.insert(self.actor_id, items, timeout=_INSERT_TIMEOUT_S)
                 self.stats.transitions_sent += int(reply.transitions_stored)
                 return
-            except errors.DeadlineExceeded:
+            except (errors.DeadlineExceeded, errors.ResourceExhausted, errors.Unavailable) as exc:
                 if self._stop.is_set():
-                    return  # rate-limited at shutdown: drop
-            except errors.Unavailable as exc:
-                log.warning("replay unavailable: %s", exc)
-                if self._stop.wait(1.0):
+                    return  # shutting down: drop what replay would not take
+                self.stats.insert_retries += 1
+                if not isinstance(exc, errors.DeadlineExceeded):  # that one is the limiter
+                    log.warning("insert not taken, retrying: %s", exc)
+                if self._stop.wait(backoff.next()):
                     return
             except errors.AmprlError as exc:
                 self.stats.insert_errors += 1

@@ -46,10 +46,11 @@ _KEEPALIVE = [
     ("grpc.http2.max_pings_without_data", 0),
 ]
 
-_SERVER_KEEPALIVE = [
+SERVER_KEEPALIVE = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+"""What every server accepts of its clients' keepalive pings (one per 10 s, no strikes)."""
 
 
 TLS_CERT_DIR_ENV = "AMPRL_TLS_CERT_DIR"
@@ -95,7 +96,7 @@ def channel_credentials(server_name: str | None = None
     return creds, ([("grpc.ssl_target_name_override", name)] if name else [])
 
 
-def _message_limits(max_message_bytes: int) -> list[tuple[str, int]]:
+def message_limits(max_message_bytes: int) -> list[tuple[str, int]]:
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes)]
 
@@ -111,7 +112,7 @@ def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str
     """
     creds = server_credentials()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                         options=_message_limits(max_message_bytes) + _SERVER_KEEPALIVE)
+                         options=message_limits(max_message_bytes) + SERVER_KEEPALIVE)
     names = []
     for add, servicer, name in register:
         add(servicer, server)
@@ -161,21 +162,33 @@ _CODES = [
 ]
 
 
+def status_of(exc: Exception) -> tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]:
+    """The status code an exception becomes at the gRPC boundary, and trailing metadata
+    (a stale push's ``amprl-current-version``): INTERNAL for anything not in amprl.errors."""
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            if isinstance(exc, errors.FailedPrecondition) and exc.current_version is not None:
+                return code, (("amprl-current-version", str(exc.current_version)),)
+            return code, ()
+    return grpc.StatusCode.INTERNAL, ()
+
+
 def map_errors(method):
     """Servicer-method decorator: turns ``amprl.errors`` into canonical status codes.
 
     Any other exception is logged with its traceback and becomes INTERNAL, so a bug never
     takes the server down and the caller sees a status instead of a hang. Works for unary
-    and server-streaming methods (generators).
+    and server-streaming methods (generators) of a synchronous server; ``map_errors_async``
+    is the same for coroutine methods of a ``grpc.aio`` server.
     """
     def _abort(context, exc):
-        for cls, code in _CODES:
-            if isinstance(exc, cls):
-                if isinstance(exc, errors.FailedPrecondition) and exc.current_version is not None:
-                    context.set_trailing_metadata((("amprl-current-version", str(exc.current_version)),))
-                context.abort(code, str(exc))
-        log.exception("internal error in %s", method.__name__)
-        context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        code, trailing = status_of(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            log.exception("internal error in %s", method.__name__)
+            context.abort(code, f"{type(exc).__name__}: {exc}")
+        if trailing:
+            context.set_trailing_metadata(trailing)
+        context.abort(code, str(exc))
 
     if _is_generator(method):
         @functools.wraps(method)
@@ -200,6 +213,26 @@ def map_errors(method):
             if context.code() is not None:  # already aborted by the method itself
                 raise
             _abort(context, exc)
+    return wrapper
+
+
+def map_errors_async(method):
+    """``map_errors`` for the coroutine methods (unary or stream-unary) of a ``grpc.aio``
+    servicer."""
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise  # the method aborted on its own
+        except Exception as exc:  # noqa: BLE001 - AmprlError mapped, the rest INTERNAL
+            code, trailing = status_of(exc)
+            if code == grpc.StatusCode.INTERNAL:
+                log.exception("internal error in %s", method.__name__)
+                await context.abort(code, f"{type(exc).__name__}: {exc}")
+            if trailing:
+                context.set_trailing_metadata(trailing)
+            await context.abort(code, str(exc))
     return wrapper
 
 
@@ -234,7 +267,7 @@ def make_channel(address: str, *, retry_services: Iterable[str] = (),
     TLS (trusting AMPRL_TLS_CERT_DIR/ca.crt) when AMPRL_TLS_CERT_DIR is set, plaintext
     otherwise; ``tls_server_name`` overrides AMPRL_TLS_SERVER_NAME.
     """
-    options = _message_limits(max_message_bytes) + _KEEPALIVE + [("grpc.enable_retries", 1)]
+    options = message_limits(max_message_bytes) + _KEEPALIVE + [("grpc.enable_retries", 1)]
     retry_services = list(retry_services)
     if retry_services:
         options.append(("grpc.service_config", _retry_service_config(retry_services)))

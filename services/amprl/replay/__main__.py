@@ -26,7 +26,7 @@ from amprl.envs.factory import env_spec
 from amprl.envs.spec import EnvSpec
 from amprl.errors import ConfigError
 from amprl.replay.service import create_server
-from amprl.replay.table import LIVE_WINDOW_S
+from amprl.replay.actors import LIVE_WINDOW_S
 
 log = logging.getLogger("amprl.replay")
 
@@ -67,12 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         embedded = EmbeddedRedis(run_dir / "redis")
         redis_url = embedded.url
     try:
-        server, bound, table = create_server(cfg, spec, redis_url, args.host, port, seed=args.seed,
-                                             prefix=args.prefix, live_window_s=args.live_window_s)
-        cli.write_port_file(args.port_file, bound)
-        log.info("replay ready on port %d (redis %s)", bound, redis_url.split("@")[-1])
-        wait_for_termination(server)
-        table.storage.close()
+        replay = create_server(cfg, spec, redis_url, args.host, port, seed=args.seed,
+                               prefix=args.prefix, live_window_s=args.live_window_s)
+        cli.write_port_file(args.port_file, replay.port)
+        log.info("replay ready on port %d (redis %s)", replay.port, redis_url.split("@")[-1])
+        try:
+            wait_for_termination(replay.server)
+        finally:
+            replay.table.storage.close()
     finally:
         if embedded is not None:
             embedded.stop()

@@ -13,29 +13,46 @@ With r = samples_per_insert, m = min_size_to_sample and b = error_buffer, define
 Unlike Reverb, which checks one item at a time, the check is made *before* a batch and a
 batch may overshoot the window by its own size (r * T for an insert of T, B for a sample of
 B). That keeps batches of any size deadlock-free: whenever inserts are blocked
-(diff > max_diff >= min_diff) samples may run, and vice versa. A call that cannot proceed
-waits on the table's condition variable until another call changes the counters or its
-deadline passes (DeadlineExceeded).
+(diff > max_diff >= min_diff) samples may run, and vice versa.
 
-The limiter holds no lock of its own: every method runs under the table's lock, and the
-waits release it through the shared ``threading.Condition``.
+Waiting is an event, not a thread. The limiter lives on the replay server's event loop:
+``insert(n)`` and ``sample(n)`` are async context managers that wait in a FIFO queue until
+the call may proceed (or its deadline passes: DeadlineExceeded), and count the call as
+*pending* while its body runs on a worker thread. Pending work is counted against the window
+(an admitted insert of T as if already inserted, an admitted sample of B as if already
+drawn), so a queue of hundreds of waiting actors is let through a few at a time, as the
+window allows, never all at once. A body that fails (Redis down) counts nothing.
+
+Every method runs on the event loop's thread; nothing here takes a lock.
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
+import collections
+import contextlib
 import time
-from typing import Callable
+from typing import AsyncContextManager, AsyncIterator, Callable
 
 from amprl.errors import DeadlineExceeded
 
-# A wait without a deadline wakes this often to check whether its caller went away.
-_POLL_S = 1.0
+
+class _Queue:
+    """The waiters of one kind (inserts or samples), oldest first."""
+
+    def __init__(self) -> None:
+        self.waiters: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
+        self.pending = 0
+        """Transitions admitted whose call has not finished."""
+        self.wait_seconds = 0.0
 
 
 class RateLimiter:
-    def __init__(self, cond: threading.Condition, *, samples_per_insert: float,
-                 min_size_to_sample: int, error_buffer: float):
+    def __init__(self, *, samples_per_insert: float, min_size_to_sample: int, error_buffer: float,
+                 size: Callable[[], int], inserted: int = 0, sampled: int = 0):
+        """``size`` returns the table's current number of transitions; ``inserted`` and
+        ``sampled`` are the table's totals when the limiter starts (a restarted service
+        resumes the ratio where it was)."""
         if samples_per_insert < 0:
             raise ValueError(f"samples_per_insert ({samples_per_insert}) must be >= 0")
         if min_size_to_sample < 1:
@@ -45,16 +62,16 @@ class RateLimiter:
         if error_buffer == 0:
             # The config's documented default: 0 means max(1, m * r).
             error_buffer = max(1.0, min_size_to_sample * samples_per_insert)
-        self.cond = cond
         self.samples_per_insert = float(samples_per_insert)
         self.min_size_to_sample = int(min_size_to_sample)
         self.error_buffer = float(error_buffer)
-        self.inserted = 0
-        self.sampled = 0
-        self.waiting_inserts = 0
-        self.waiting_samples = 0
-        self.insert_wait_seconds = 0.0
-        self.sample_wait_seconds = 0.0
+        self.size = size
+        self.inserted = int(inserted)
+        self.sampled = int(sampled)
+        self._inserts = _Queue()
+        self._samples = _Queue()
+
+    # -- the rule -------------------------------------------------------------------------
 
     @property
     def diff(self) -> float:
@@ -69,61 +86,110 @@ class RateLimiter:
         return self.samples_per_insert * self.min_size_to_sample + self.error_buffer
 
     def can_sample(self, size: int) -> bool:
+        """Whether one more sample may start now (pending samples counted as drawn)."""
         if size < self.min_size_to_sample:
             return False
-        return self.samples_per_insert == 0 or self.diff >= self.min_diff
+        return (self.samples_per_insert == 0
+                or self.diff - self._samples.pending >= self.min_diff)
 
     def can_insert(self, size: int) -> bool:
+        """Whether one more insert may start now (pending inserts counted as stored)."""
         if size < self.min_size_to_sample or self.samples_per_insert == 0:
             return True
-        return self.diff <= self.max_diff
+        return self.diff + self.samples_per_insert * self._inserts.pending <= self.max_diff
 
-    def await_sample(self, size_fn: Callable[[], int], timeout: float | None,
-                     cancelled: Callable[[], bool] = lambda: False) -> None:
-        """Blocks (releasing the table lock) until a sample may proceed."""
-        if self.can_sample(size_fn()):
+    # -- waiting --------------------------------------------------------------------------
+
+    @property
+    def waiting_inserts(self) -> int:
+        return len(self._inserts.waiters)
+
+    @property
+    def waiting_samples(self) -> int:
+        return len(self._samples.waiters)
+
+    @property
+    def insert_wait_seconds(self) -> float:
+        return self._inserts.wait_seconds
+
+    @property
+    def sample_wait_seconds(self) -> float:
+        return self._samples.wait_seconds
+
+    def insert(self, n: int, timeout: float | None) -> AsyncContextManager[None]:
+        """Waits (up to ``timeout`` seconds; None = no limit) until an insert of ``n``
+        transitions may proceed, then runs the body; counts the insert when the body
+        succeeds."""
+        return self._admitted(self._inserts, n, timeout, self.can_insert, lambda waited: (
+            f"insert: waited {waited:.2f}s for samples; samples_per_insert diff "
+            f"{self.diff:.1f} > max {self.max_diff:.1f}"))
+
+    def sample(self, n: int, timeout: float | None) -> AsyncContextManager[None]:
+        """Waits (up to ``timeout``) until a sample of ``n`` may proceed, then runs the
+        body; counts the sample when the body succeeds."""
+        return self._admitted(self._samples, n, timeout, self.can_sample, lambda waited: (
+            f"sample: waited {waited:.2f}s; table holds {self.size()} of min_size_to_sample "
+            f"{self.min_size_to_sample}, samples_per_insert diff {self.diff:.1f} < min "
+            f"{self.min_diff:.1f}"))
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, queue: _Queue, n: int, timeout: float | None,
+                        ready: Callable[[int], bool],
+                        message: Callable[[float], str]) -> AsyncIterator[None]:
+        await self._admit(queue, n, timeout, ready, message)
+        done = False
+        try:
+            yield
+            done = True
+        finally:
+            queue.pending -= n
+            if done:
+                if queue is self._inserts:
+                    self.inserted += n
+                else:
+                    self.sampled += n
+            self._pump()
+
+    def notify(self) -> None:
+        """Re-checks the waiters; call after the table's size changed by other means."""
+        self._pump()
+
+    async def _admit(self, queue: _Queue, n: int, timeout: float | None,
+                     ready: Callable[[int], bool], message: Callable[[float], str]) -> None:
+        # FIFO: a call that finds others waiting queues behind them even if it could go.
+        if not queue.waiters and ready(self.size()):
+            queue.pending += n
             return
-        self.waiting_samples += 1
+        future = asyncio.get_running_loop().create_future()
+        entry = (n, future)
+        queue.waiters.append(entry)
         start = time.monotonic()
         try:
-            self._wait(lambda: self.can_sample(size_fn()), timeout, cancelled,
-                       lambda: (f"sample: waited {time.monotonic() - start:.2f}s; table holds "
-                                f"{size_fn()} of min_size_to_sample {self.min_size_to_sample}, "
-                                f"samples_per_insert diff {self.diff:.1f} < min {self.min_diff:.1f}"))
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            if future.done() and not future.cancelled():
+                return  # admitted in the same instant the deadline passed: go ahead
+            raise DeadlineExceeded(message(time.monotonic() - start)) from None
+        except BaseException:
+            if future.done() and not future.cancelled():
+                queue.pending -= n  # admitted, but the caller went away
+                self._pump()
+            raise
         finally:
-            self.waiting_samples -= 1
-            self.sample_wait_seconds += time.monotonic() - start
+            queue.wait_seconds += time.monotonic() - start
+            # Not admitted (deadline, or the caller went away): leave the queue. An admitted
+            # entry was already taken off it by _pump.
+            with contextlib.suppress(ValueError):
+                queue.waiters.remove(entry)
 
-    def await_insert(self, size_fn: Callable[[], int], timeout: float | None,
-                     cancelled: Callable[[], bool] = lambda: False) -> None:
-        """Blocks (releasing the table lock) until an insert may proceed."""
-        if self.can_insert(size_fn()):
-            return
-        self.waiting_inserts += 1
-        start = time.monotonic()
-        try:
-            self._wait(lambda: self.can_insert(size_fn()), timeout, cancelled,
-                       lambda: (f"insert: waited {time.monotonic() - start:.2f}s for samples; "
-                                f"samples_per_insert diff {self.diff:.1f} > max {self.max_diff:.1f}"))
-        finally:
-            self.waiting_inserts -= 1
-            self.insert_wait_seconds += time.monotonic() - start
-
-    def _wait(self, ready: Callable[[], bool], timeout: float | None,
-              cancelled: Callable[[], bool], message: Callable[[], str]) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not ready():
-            if cancelled():
-                raise DeadlineExceeded(message() + " (the caller went away)")
-            remaining = _POLL_S if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceeded(message())
-            self.cond.wait(min(remaining, _POLL_S))
-
-    def record_insert(self, n: int) -> None:
-        self.inserted += n
-        self.cond.notify_all()
-
-    def record_sample(self, n: int) -> None:
-        self.sampled += n
-        self.cond.notify_all()
+    def _pump(self) -> None:
+        """Admits waiters, oldest first, while the window allows (samples first: they are
+        what releases waiting inserts)."""
+        size = self.size()
+        for queue, ready in ((self._samples, self.can_sample), (self._inserts, self.can_insert)):
+            while queue.waiters and ready(size):
+                n, future = queue.waiters.popleft()
+                if not future.done():
+                    queue.pending += n
+                    future.set_result(None)

@@ -29,9 +29,10 @@ frame fetches its chunk back from Redis. An insert is written to Redis (one tran
 before memory changes, so a failure stores nothing and an acknowledged chunk survives a
 ``kill -9``: ``ReplayTable`` rebuilds its whole index from Redis when it opens.
 
-*Threads.* gRPC serves calls from a thread pool. One lock guards the index; compression,
-decoding and message building stay outside it. The rate limiter waits on a condition
-variable of that same lock.
+*Threads.* The table is called from the replay server's worker threads. One lock guards
+the index; compression, decoding and message building stay outside it. The table never
+waits: the rate limiter (``ratelimiter.py``) admits calls on the server's event loop before
+they reach a worker, and the table counts what was inserted and sampled.
 """
 
 from __future__ import annotations
@@ -39,9 +40,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 from dataclasses import dataclass
-from typing import Callable
 
 import lz4.block
 import numpy as np
@@ -49,14 +48,12 @@ import numpy as np
 from amprl.config import ReplayConfig
 from amprl.envs.spec import EnvSpec
 from amprl.errors import FailedPrecondition, InvalidArgument
-from amprl.replay.ratelimiter import RateLimiter
 from amprl.replay.storage import ChunkMeta, ReplayStorage
 from amprl.replay.sumtree import SumTree
 from amprl.wire.transitions import Chunk
 
 log = logging.getLogger(__name__)
 
-LIVE_WINDOW_S = 60.0
 # Frame ring slots per transition beyond the 2 * stack a transition can reference: room for
 # the unreferenced frames of chunks sent with contiguous frames (n-step gaps, short chunks).
 FRAME_SLACK = 4
@@ -131,9 +128,8 @@ class ReplayTable:
     """One prioritized replay table; see the module docstring."""
 
     def __init__(self, storage: ReplayStorage, spec: EnvSpec, cfg: ReplayConfig, *,
-                 seed: int | None = None, live_window_s: float = LIVE_WINDOW_S):
+                 seed: int | None = None):
         self.storage = storage
-        self.live_window_s = float(live_window_s)
         self.spec = spec
         self.capacity = int(cfg.capacity)
         self.alpha = float(cfg.alpha)
@@ -152,10 +148,6 @@ class ReplayTable:
                       and self.frame_capacity * self.frame_nbytes <= self.cache_max_bytes)
 
         self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)
-        self.limiter = RateLimiter(self.cond, samples_per_insert=cfg.samples_per_insert,
-                                   min_size_to_sample=cfg.min_size_to_sample,
-                                   error_buffer=cfg.samples_per_insert_error_buffer)
         self.rng = np.random.default_rng(seed)
 
         cap = self.capacity
@@ -186,7 +178,6 @@ class ReplayTable:
         self.next_frame = 0
         self.inserted_total = self.env_steps_total = 0
         self.sampled_total = self.priority_updates_total = 0
-        self.actors: dict[str, float] = {}
         self._open()
 
     # -- opening: rebuild the index from Redis --------------------------------------------
@@ -210,7 +201,6 @@ class ReplayTable:
         self.inserted_total, self.env_steps_total = c["inserted_total"], c["env_steps_total"]
         self.sampled_total = c["sampled_total"]
         self.priority_updates_total = c["priority_updates_total"]
-        self.limiter.inserted, self.limiter.sampled = self.inserted_total, self.sampled_total
         cids = list(range(self.oldest_chunk, self.next_chunk))
         metas = self.storage.load_metas(cids)
         for cid, meta in zip(cids, metas):
@@ -334,20 +324,14 @@ class ReplayTable:
                     return i, exc
             raise
 
-    def insert(self, actor_id: str, chunk: Chunk, priorities: np.ndarray, env_steps: int = 0, *,
-               timeout: float | None = None,
-               cancelled: Callable[[], bool] = lambda: False) -> int:
+    def insert(self, chunk: Chunk, priorities: np.ndarray, env_steps: int = 0) -> int:
         """Stores a validated chunk (see ``amprl.wire.transitions``) with its priorities.
 
-        Waits for the rate limiter up to ``timeout`` seconds. Returns the key of the chunk's
-        first transition; the others follow consecutively.
+        Returns the key of the chunk's first transition; the others follow consecutively.
         """
-        return self.insert_many(actor_id, [(chunk, priorities, env_steps)], timeout=timeout,
-                                cancelled=cancelled)
+        return self.insert_many([(chunk, priorities, env_steps)])
 
-    def insert_many(self, actor_id: str, items: list[tuple[Chunk, np.ndarray, int]], *,
-                    timeout: float | None = None,
-                    cancelled: Callable[[], bool] = lambda: False) -> int:
+    def insert_many(self, items: list[tuple[Chunk, np.ndarray, int]]) -> int:
         """Stores consecutive chunks of one actor as ONE stored chunk, in one Redis
         transaction (all or nothing). Returns the first key; the rest follow in order."""
         prios = [self.check_chunk(c, p, values=False) for c, p, _ in items]
@@ -379,7 +363,6 @@ class ReplayTable:
         p_alpha = priorities.astype(np.float64) ** self.alpha
 
         with self.lock:
-            self.limiter.await_insert(lambda: self.size, timeout, cancelled)
             cid, first, fbase = self.next_chunk, self.next_key, self.next_frame
             end_key, end_frame = first + t, fbase + num_frames
             # FIFO: make room for t transitions, and keep the frame ring from wrapping onto
@@ -443,14 +426,10 @@ class ReplayTable:
             self.next_frame = end_frame
             self.inserted_total += t
             self.env_steps_total += int(env_steps)
-            self.actors[actor_id] = time.monotonic()
-            self.limiter.record_insert(t)
             return first
 
-    def sample(self, batch_size: int, beta: float, *, timeout: float | None = None,
-               cancelled: Callable[[], bool] = lambda: False) -> SampleResult:
-        """Draws ``batch_size`` transitions with replacement, transition i with
-        probability P(i); waits for the minimum size / rate limiter up to ``timeout``."""
+    def check_sample(self, batch_size: int, beta: float) -> None:
+        """InvalidArgument for a batch size or beta no table state could satisfy."""
         if batch_size <= 0:
             raise InvalidArgument(f"batch_size ({batch_size}) must be a positive integer")
         if batch_size > self.capacity:
@@ -458,8 +437,12 @@ class ReplayTable:
                                   f"({self.capacity})")
         if not (0.0 <= beta <= 1.0):
             raise InvalidArgument(f"beta ({beta}) must be in [0, 1]")
+
+    def sample(self, batch_size: int, beta: float) -> SampleResult:
+        """Draws ``batch_size`` transitions with replacement, transition i with
+        probability P(i)."""
+        self.check_sample(batch_size, beta)
         with self.lock:
-            self.limiter.await_sample(lambda: self.size, timeout, cancelled)
             size = self.size
             if batch_size > size:
                 raise InvalidArgument(f"batch_size ({batch_size}) exceeds the {size} "
@@ -480,7 +463,6 @@ class ReplayTable:
                 encoded = self._gather_encoded(unique)
                 frames = None
             self.sampled_total += batch_size
-            self.limiter.record_sample(batch_size)
         probabilities = p_alpha / total
         weights = (p_alpha / p_min) ** -beta if beta > 0 else np.ones(batch_size)
         inverse = inverse.astype(np.int32).reshape(2, batch_size, self.stack)
@@ -573,25 +555,15 @@ class ReplayTable:
         return np.frombuffer(blob, dtype=self.frame_dtype).reshape(self.frame_shape)
 
     def info(self) -> dict:
-        now = time.monotonic()
-        with self.lock:
-            lim = self.limiter
-            return {
-                "size": self.size, "capacity": self.capacity,
-                "inserted_total": self.inserted_total, "sampled_total": self.sampled_total,
-                "env_steps_total": self.env_steps_total,
-                "priority_updates_total": self.priority_updates_total,
-                "actors_seen": len(self.actors),
-                "actors_live": sum(1 for t in self.actors.values() if now - t <= self.live_window_s),
-                "live_window_seconds": self.live_window_s,
-                "total_priority": self.tree.total,
-                "oldest_key": self.oldest_key, "next_key": self.next_key,
-                "cache_bytes": self.cache_bytes,
-                "rate_limiter": {
-                    "samples_per_insert": lim.samples_per_insert, "error_buffer": lim.error_buffer,
-                    "min_size_to_sample": lim.min_size_to_sample,
-                    "waiting_samples": lim.waiting_samples, "waiting_inserts": lim.waiting_inserts,
-                    "sample_wait_seconds": lim.sample_wait_seconds,
-                    "insert_wait_seconds": lim.insert_wait_seconds,
-                },
-            }
+        """Sizes and counters, read without the lock: a worker may hold it through a Redis
+        round trip, and Info and health must answer at once. Each value is read whole;
+        values may come from moments a single insert apart."""
+        return {
+            "size": self.size, "capacity": self.capacity,
+            "inserted_total": self.inserted_total, "sampled_total": self.sampled_total,
+            "env_steps_total": self.env_steps_total,
+            "priority_updates_total": self.priority_updates_total,
+            "total_priority": self.tree.total,
+            "oldest_key": self.oldest_key, "next_key": self.next_key,
+            "cache_bytes": self.cache_bytes,
+        }

@@ -375,6 +375,7 @@ class ReplayServiceInfoResponse(_message.Message):
     LIVE_WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
     REDIS_USED_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     TOTAL_PRIORITY_FIELD_NUMBER: _builtins.int
+    INSERT_STREAMS_FIELD_NUMBER: _builtins.int
     size: _builtins.int
     """Transitions stored now."""
     capacity: _builtins.int
@@ -388,15 +389,17 @@ class ReplayServiceInfoResponse(_message.Message):
     priority_updates_total: _builtins.int
     """Priority updates applied."""
     actors_seen: _builtins.int
-    """Distinct actor ids ever seen by this process."""
+    """Distinct actor ids seen by this process (the most recent 16384 at most)."""
     actors_live: _builtins.int
     """Actors that inserted within the last live_window_seconds."""
     live_window_seconds: _builtins.float
     """Window used for actors_live, in seconds."""
     redis_used_memory_bytes: _builtins.int
-    """Bytes used by the Redis server (INFO memory used_memory)."""
+    """Bytes used by the Redis server (INFO memory used_memory), read at most a second ago."""
     total_priority: _builtins.float
     """Sum of all priorities^alpha in the sum-tree."""
+    insert_streams: _builtins.int
+    """Insert streams open now (at most the server's replay.max_insert_streams)."""
     @_builtins.property
     def rate_limiter(self) -> Global___RateLimiterInfo:
         """Rate limiter settings and state."""
@@ -416,10 +419,11 @@ class ReplayServiceInfoResponse(_message.Message):
         live_window_seconds: _builtins.float = ...,
         redis_used_memory_bytes: _builtins.int = ...,
         total_priority: _builtins.float = ...,
+        insert_streams: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rate_limiter", b"rate_limiter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "actors_seen", b"actors_seen", "capacity", b"capacity", "env_steps_total", b"env_steps_total", "inserted_total", b"inserted_total", "live_window_seconds", b"live_window_seconds", "priority_updates_total", b"priority_updates_total", "rate_limiter", b"rate_limiter", "redis_used_memory_bytes", b"redis_used_memory_bytes", "sampled_total", b"sampled_total", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "actors_seen", b"actors_seen", "capacity", b"capacity", "env_steps_total", b"env_steps_total", "insert_streams", b"insert_streams", "inserted_total", b"inserted_total", "live_window_seconds", b"live_window_seconds", "priority_updates_total", b"priority_updates_total", "rate_limiter", b"rate_limiter", "redis_used_memory_bytes", b"redis_used_memory_bytes", "sampled_total", b"sampled_total", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

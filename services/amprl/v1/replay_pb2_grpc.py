@@ -69,7 +69,10 @@ class ReplayServiceServicer:
         written. A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that
         chunk (chunks before it in the stream are stored; the message says how many).
         A chunk that would break the samples-per-insert ratio waits, up to the call's deadline
-        (then DEADLINE_EXCEEDED).
+        (then DEADLINE_EXCEEDED); waiting inserts are let through oldest first. A stream beyond
+        the shard's replay.max_insert_streams is refused with RESOURCE_EXHAUSTED (back off and
+        retry); a stream that sends no chunk for replay.insert_idle_timeout_s is ended with
+        DEADLINE_EXCEEDED (what it sent before is stored).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -78,7 +81,8 @@ class ReplayServiceServicer:
     def Sample(self, request, context):
         """Samples a batch with probability P(i) = p_i^alpha / sum_j p_j^alpha, with replacement.
         Waits, up to the call's deadline, while the table is below its minimum size or the
-        samples-per-insert ratio is exceeded.
+        samples-per-insert ratio is exceeded. More than 256 Sample calls open at once on one
+        shard: RESOURCE_EXHAUSTED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -45,12 +45,16 @@ class ReplayServiceStub:
     written. A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that
     chunk (chunks before it in the stream are stored; the message says how many).
     A chunk that would break the samples-per-insert ratio waits, up to the call's deadline
-    (then DEADLINE_EXCEEDED).
+    (then DEADLINE_EXCEEDED); waiting inserts are let through oldest first. A stream beyond
+    the shard's replay.max_insert_streams is refused with RESOURCE_EXHAUSTED (back off and
+    retry); a stream that sends no chunk for replay.insert_idle_timeout_s is ended with
+    DEADLINE_EXCEEDED (what it sent before is stored).
     """
     Sample: _grpc.UnaryUnaryMultiCallable[_replay_pb2.SampleRequest, _replay_pb2.SampleResponse]
     """Samples a batch with probability P(i) = p_i^alpha / sum_j p_j^alpha, with replacement.
     Waits, up to the call's deadline, while the table is below its minimum size or the
-    samples-per-insert ratio is exceeded.
+    samples-per-insert ratio is exceeded. More than 256 Sample calls open at once on one
+    shard: RESOURCE_EXHAUSTED.
     """
     UpdatePriorities: _grpc.UnaryUnaryMultiCallable[_replay_pb2.UpdatePrioritiesRequest, _replay_pb2.UpdatePrioritiesResponse]
     """Sets new priorities for sampled keys. Keys evicted since they were sampled are skipped
@@ -72,12 +76,16 @@ class ReplayServiceAsyncStub(ReplayServiceStub):
     written. A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that
     chunk (chunks before it in the stream are stored; the message says how many).
     A chunk that would break the samples-per-insert ratio waits, up to the call's deadline
-    (then DEADLINE_EXCEEDED).
+    (then DEADLINE_EXCEEDED); waiting inserts are let through oldest first. A stream beyond
+    the shard's replay.max_insert_streams is refused with RESOURCE_EXHAUSTED (back off and
+    retry); a stream that sends no chunk for replay.insert_idle_timeout_s is ended with
+    DEADLINE_EXCEEDED (what it sent before is stored).
     """
     Sample: _aio.UnaryUnaryMultiCallable[_replay_pb2.SampleRequest, _replay_pb2.SampleResponse]  # type: ignore[assignment]
     """Samples a batch with probability P(i) = p_i^alpha / sum_j p_j^alpha, with replacement.
     Waits, up to the call's deadline, while the table is below its minimum size or the
-    samples-per-insert ratio is exceeded.
+    samples-per-insert ratio is exceeded. More than 256 Sample calls open at once on one
+    shard: RESOURCE_EXHAUSTED.
     """
     UpdatePriorities: _aio.UnaryUnaryMultiCallable[_replay_pb2.UpdatePrioritiesRequest, _replay_pb2.UpdatePrioritiesResponse]  # type: ignore[assignment]
     """Sets new priorities for sampled keys. Keys evicted since they were sampled are skipped
@@ -102,7 +110,10 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         written. A bad chunk ends the call with INVALID_ARGUMENT and stores nothing of that
         chunk (chunks before it in the stream are stored; the message says how many).
         A chunk that would break the samples-per-insert ratio waits, up to the call's deadline
-        (then DEADLINE_EXCEEDED).
+        (then DEADLINE_EXCEEDED); waiting inserts are let through oldest first. A stream beyond
+        the shard's replay.max_insert_streams is refused with RESOURCE_EXHAUSTED (back off and
+        retry); a stream that sends no chunk for replay.insert_idle_timeout_s is ended with
+        DEADLINE_EXCEEDED (what it sent before is stored).
         """
 
     @_abc_1.abstractmethod
@@ -113,7 +124,8 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_replay_pb2.SampleResponse, _abc.Awaitable[_replay_pb2.SampleResponse]]:
         """Samples a batch with probability P(i) = p_i^alpha / sum_j p_j^alpha, with replacement.
         Waits, up to the call's deadline, while the table is below its minimum size or the
-        samples-per-insert ratio is exceeded.
+        samples-per-insert ratio is exceeded. More than 256 Sample calls open at once on one
+        shard: RESOURCE_EXHAUSTED.
         """
 
     @_abc_1.abstractmethod

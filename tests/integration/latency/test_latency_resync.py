@@ -60,9 +60,9 @@ class System:
         self.closers = []
         redis = EmbeddedRedis(tmp_path / "redis")
         self.closers.append(redis.stop)
-        server, port, table = create_replay(self.cfg, self.spec, redis.url, "127.0.0.1", 0, seed=0)
-        self.closers.append(lambda: (server.stop(0).wait(), table.storage.close()))
-        self.replay_addr = f"127.0.0.1:{port}"
+        rs = create_replay(self.cfg, self.spec, redis.url, "127.0.0.1", 0, seed=0)
+        self.closers.append(lambda: rs.stop(0))
+        self.replay_addr = f"127.0.0.1:{rs.port}"
         with ReplayClient(self.replay_addr) as replay:
             rng = np.random.default_rng(0)
             replay.insert("test", [_chunk(self.spec, rng) for _ in range(5)], timeout=30)

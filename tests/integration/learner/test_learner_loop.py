@@ -43,8 +43,9 @@ def system(tmp_path):
         spec = env_spec(cfg.env)
         redis = EmbeddedRedis(tmp_path / "redis")
         started.append(redis.stop)
-        server, port, table = create_replay(cfg, spec, redis.url, "127.0.0.1", 0, seed=0)
-        started.append(lambda: (server.stop(0).wait(), table.storage.close()))
+        rs = create_replay(cfg, spec, redis.url, "127.0.0.1", 0, seed=0)
+        port = rs.port
+        started.append(lambda: rs.stop(0))
         torch.manual_seed(cfg.run.seed)
         ps = create_ps(cfg, build_model(cfg, spec), host="127.0.0.1", port=0)
         started.append(ps.stop)

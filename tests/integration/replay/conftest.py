@@ -39,19 +39,17 @@ def replay(embedded_redis):
         for key, value in overrides.items():
             setattr(cfg.replay, key, value)
         prefix = prefix or f"test:{next(_prefixes)}"
-        server, port, table = create_server(cfg, spec, embedded_redis.url, "127.0.0.1", 0,
-                                            max_message_bytes=max_message_bytes, prefix=prefix,
-                                            seed=0)
-        address = f"127.0.0.1:{port}"
+        rs = create_server(cfg, spec, embedded_redis.url, "127.0.0.1", 0,
+                           max_message_bytes=max_message_bytes, prefix=prefix, seed=0)
+        address = f"127.0.0.1:{rs.port}"
         client = ReplayClient(address)
-        started.append((server, client, table))
-        return SimpleNamespace(address=address, client=client, table=table, server=server,
-                               prefix=prefix, cfg=cfg)
+        started.append((rs, client))
+        return SimpleNamespace(address=address, client=client, table=rs.table, server=rs,
+                               servicer=rs.servicer, prefix=prefix, cfg=cfg)
 
     try:
         yield start
     finally:
-        for server, client, table in started:
+        for rs, client in started:
             client.close()
-            server.stop(0).wait()
-            table.storage.close()
+            rs.stop(0)

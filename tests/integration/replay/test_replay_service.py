@@ -92,7 +92,7 @@ def test_restart_in_process_keeps_contents(replay):
     r.client.insert("a", items(spec, 5, 30))
     r.client.update_priorities(np.array([3, 100]), np.array([9.0, 0.25]))
     before = r.table.get(np.arange(150))
-    r.server.stop(0).wait()
+    r.server.stop(0)
     again = replay(spec, capacity=500, prefix=r.prefix)
     after = again.table.get(np.arange(150))
     for name in ("priorities", "rewards", "obs", "next_obs", "actions"):

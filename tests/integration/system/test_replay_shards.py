@@ -24,14 +24,13 @@ def shards(tmp_path):
         cfg = ExperimentConfig()
         cfg.replay.min_size_to_sample = 1
         for i in range(2):
-            server, port, table = create_server(cfg, vector_spec(), redis.url, "127.0.0.1", 0,
-                                                prefix=f"test:shard{i}", seed=i)
-            started.append((server, table, f"127.0.0.1:{port}"))
+            rs = create_server(cfg, vector_spec(), redis.url, "127.0.0.1", 0,
+                               prefix=f"test:shard{i}", seed=i)
+            started.append((rs, rs.table, f"127.0.0.1:{rs.port}"))
         yield [a for _, _, a in started], [t for _, t, _ in started]
     finally:
-        for server, table, _ in started:
-            server.stop(0).wait()
-            table.storage.close()
+        for rs, _, _ in started:
+            rs.stop(0)
         redis.stop()
 
 

@@ -11,6 +11,7 @@ from amprl import errors
 from amprl.actor.actor import Actor
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
+from amprl.replay.testing import make_chunk
 
 
 class NoWeightsServer:
@@ -74,3 +75,38 @@ def test_a_held_replay_stops_the_env_loop_within_the_unacked_bound_and_releasing
         loop.join(timeout=10)
         actor.stop()
     assert not loop.is_alive()
+
+
+class RefusingReplay:
+    """Refuses the first ``refusals`` inserts with the given error, then stores; records
+    when each try came and what it carried."""
+
+    def __init__(self, error: type[errors.AmprlError], refusals: int):
+        self.error, self.refusals = error, refusals
+        self.tries: list[tuple[float, tuple]] = []
+        self.stored: list = []
+
+    def insert(self, actor_id, items, timeout=None):
+        items = list(items)
+        self.tries.append((time.monotonic(), tuple(id(chunk) for chunk, _, _ in items)))
+        if len(self.tries) <= self.refusals:
+            raise self.error("refused in this test")
+        self.stored.extend(items)
+        return types.SimpleNamespace(transitions_stored=sum(len(c.actions) for c, _, _ in items))
+
+
+def test_a_refused_insert_is_resent_whole_after_growing_jittered_pauses():
+    cfg = load_config(overrides=["algo=dqn", "env.id=CartPole-v1"])
+    for error in (errors.ResourceExhausted, errors.Unavailable, errors.DeadlineExceeded):
+        replay = RefusingReplay(error, refusals=3)
+        actor = Actor(cfg, env_spec(cfg.env), "actor-retry", replay=replay,
+                      paramserver=NoWeightsServer())
+        items = [(make_chunk(actor.spec, 4, seed=i), None, 4) for i in range(2)]
+        actor._insert(items)
+        assert len(replay.tries) == 4 and replay.stored == items, error
+        assert len({carried for _, carried in replay.tries}) == 1  # the same items each time
+        pauses = [b[0] - a[0] for a, b in zip(replay.tries, replay.tries[1:])]
+        # first window 0.1 s (pause 0.05-0.1), then 0.2, 0.4: never at once, and growing
+        assert pauses[0] >= 0.05 and pauses[2] >= 0.2, pauses
+        assert actor.stats.insert_retries == 3 and actor.stats.insert_errors == 0
+        assert actor.stats.transitions_sent == 8

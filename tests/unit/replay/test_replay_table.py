@@ -21,7 +21,7 @@ def table(storage, spec=None, seed=0, **kw) -> ReplayTable:
 def insert(t, n, *, base=0.0, prios=None, seed=0):
     chunk = make_chunk(t.spec, n, seed=seed, reward_base=base)
     p = np.ones(n, np.float32) if prios is None else np.asarray(prios, np.float32)
-    return t.insert("actor-0", chunk, p, n), chunk
+    return t.insert(chunk, p, n), chunk
 
 
 def test_keys_are_consecutive_in_insertion_order(storage):
@@ -129,13 +129,6 @@ def test_batch_above_size_is_invalid(storage):
         t.sample(11, 0.4)
 
 
-def test_sample_below_min_size_times_out(storage):
-    t = table(storage, min_size_to_sample=50)
-    insert(t, 10)
-    with pytest.raises(DeadlineExceeded):
-        t.sample(4, 0.4, timeout=0.1)
-
-
 def test_rebuild_from_storage_restores_everything(storage):
     spec = atari_spec(8)
     t = table(storage, spec=spec, capacity=50)
@@ -186,7 +179,7 @@ def test_frame_ring_evicts_early_rather_than_overwrite_live_frames(storage):
         chunk = Chunk(frames, np.array([[0], [1]], np.int32), np.array([[23], [24]], np.int32),
                       np.zeros(2, np.int64), np.array([10 * i, 10 * i + 1], np.float32),
                       np.ones(2, np.float32))
-        t.insert("a", chunk, np.ones(2, np.float32))
+        t.insert(chunk, np.ones(2, np.float32))
     assert (t.oldest_key, t.next_key) == (2, 6)
     assert t.next_frame - t.chunks[0][3] <= t.frame_capacity
     got = t.get(np.arange(2, 6))
@@ -198,7 +191,7 @@ def test_insert_many_is_one_stored_chunk(storage):
     t = table(storage)
     items = [(make_chunk(t.spec, 4, seed=i, reward_base=10 * i), np.ones(4, np.float32), 4)
              for i in range(3)]
-    assert t.insert_many("a", items) == 0
+    assert t.insert_many(items) == 0
     assert len(storage.chunks) == 1 and t.size == 12
     got = t.get(np.arange(12))
     for i, (chunk, _, _) in enumerate(items):
@@ -212,5 +205,5 @@ def test_info_counts(storage):
     t.sample(4, 0.4)
     t.update_priorities(np.array([1], np.int64), np.array([2.0], np.float32))
     i = t.info()
-    assert (i["size"], i["inserted_total"], i["sampled_total"], i["priority_updates_total"],
-            i["actors_seen"]) == (10, 10, 4, 1, 1)
+    assert (i["size"], i["inserted_total"], i["sampled_total"], i["priority_updates_total"]) \
+        == (10, 10, 4, 1)
