@@ -119,14 +119,13 @@ class ReplayProcess:
         self.log = open(workdir / "replay.log", "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        deadline = time.monotonic() + 60
-        while not port_file.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"replay did not start; see {workdir / 'replay.log'}")
-            time.sleep(0.05)
-        self.address = f"127.0.0.1:{int(port_file.read_text())}"
-        try:
+        try:  # whatever stops the start (Ctrl-C included) stops the process too
+            deadline = time.monotonic() + 60
+            while not port_file.exists():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"replay did not start; see {workdir / 'replay.log'}")
+                time.sleep(0.05)
+            self.address = f"127.0.0.1:{int(port_file.read_text())}"
             wait_until_serving(self.address)
         except BaseException:
             self.stop()
