@@ -9,6 +9,7 @@ group and is stopped by its PID at teardown, whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -270,13 +271,14 @@ class System:
             assert proc.alive(), f"{name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}"
 
 
-@pytest.fixture(scope="module")
-def system(tmp_path_factory):
-    root = tmp_path_factory.mktemp("system")
+@contextlib.contextmanager
+def running_system(root: Path, config_text: str):
+    """Starts Redis, replay, the parameter server, a learner and an evaluator for the
+    experiment ``config_text`` under ``root``; yields the System; stops all at exit."""
     logs = root / "logs"
     logs.mkdir()
     config = root / "experiment.yaml"
-    config.write_text(TINY_CONFIG)
+    config.write_text(config_text)
     redis = EmbeddedRedis(root / "redis")
     services: dict[str, Proc] = {}
     sys_ = None
@@ -313,3 +315,9 @@ def system(tmp_path_factory):
         stop_all([services[n] for n in ("evaluator", "learner") if n in services])
         stop_all([services[n] for n in ("paramserver", "replay") if n in services])
         redis.stop()
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory):
+    with running_system(tmp_path_factory.mktemp("system"), TINY_CONFIG) as sys_:
+        yield sys_
