@@ -12,12 +12,18 @@ Besides the base flags (``amprl.common.cli``):
                                                Watch, Info; pushes PERMISSION_DENIED)
   --pull-port-file PATH                        write the bound pull port here once serving
   --live-window-s S      AMPRL_LIVE_WINDOW_S   Info's live-client window (default 60)
+  --follow ADDRESS       AMPRL_FOLLOW          run as a pull-only follower of the parameter
+                                               server at ADDRESS (its pull port): no
+                                               optimizer, no checkpoints, pushes
+                                               PERMISSION_DENIED; serves Pull, Watch and
+                                               Info on --port (``amprl.paramserver.follower``)
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +33,7 @@ from torch import nn
 from amprl.common import cli, grpcutil
 from amprl.config import ExperimentConfig
 from amprl.paramserver.checkpoint import CheckpointManager, PeriodicCheckpointer
+from amprl.paramserver.follower import create_follower
 from amprl.paramserver.service import build_store, create_server
 from amprl.paramserver.store import DEFAULT_LIVE_WINDOW_S
 
@@ -63,12 +70,19 @@ def main(argv: list[str] | None = None,
     parser.add_argument("--live-window-s", type=float,
                         default=float(env("AMPRL_LIVE_WINDOW_S") or DEFAULT_LIVE_WINDOW_S),
                         help="a client counts as live in Info if it called within this many seconds")
+    parser.add_argument("--follow", default=env("AMPRL_FOLLOW", ""), metavar="ADDRESS",
+                        help="serve as a pull-only follower of the parameter server at ADDRESS")
     args = parser.parse_args(argv)
+    if args.follow and args.pull_port >= 0:
+        parser.error("--pull-port: a follower serves only reads, on --port; drop --pull-port "
+                     "(or AMPRL_PULL_PORT) or --follow")
     cfg = cli.setup(args, "paramserver")
     if args.live_window_s <= 0:
         parser.error(f"--live-window-s {args.live_window_s}: must be > 0")
     torch.manual_seed(cfg.run.seed)  # identical initial weights in every process
     model = (model_factory or default_model)(cfg)
+    if args.follow:
+        return follow(args, cfg, model)
     store = build_store(cfg, model, live_window_s=args.live_window_s)
     ckpt = None
     if cfg.paramserver.checkpoint_interval_s > 0:
@@ -107,6 +121,30 @@ def main(argv: list[str] | None = None,
     accepted = c.pushes_applied + c.pushes_scaled
     log.info("stopped at version %d (pushes accepted %d, mean staleness %.2f, max %d)", store.version,
              accepted, c.staleness_sum / max(1, accepted), c.max_staleness_accepted)
+    return 0
+
+
+def follow(args, cfg: ExperimentConfig, model: nn.Module) -> int:
+    """Serves as a pull-only follower until SIGTERM/SIGINT; 1 when following failed for
+    good (the main server's weights do not fit the model)."""
+    fs = create_follower(model, args.follow, client_id=f"follower:{args.id}", host=args.host,
+                         port=args.port or cfg.paramserver.port, live_window_s=args.live_window_s,
+                         on_fatal=lambda exc: os.kill(os.getpid(), signal.SIGTERM))
+    log.info("serving ParameterService as a pull-only follower of %s on %s:%d (%d tensors, "
+             "%d parameters); NOT_SERVING until its first weights", args.follow, args.host,
+             fs.port, len(fs.server.store.params), fs.server.store.num_parameters)
+    cli.write_port_file(args.port_file, fs.port)
+
+    def on_stop() -> None:
+        fs.follower.stop()
+        fs.server.servicer.close()  # end watch streams so the grace period is not spent on them
+
+    grpcutil.wait_for_termination(fs.server.server, grace_s=5.0, on_stop=on_stop)
+    if fs.follower.error is not None:
+        log.error("stopped: %s", fs.follower.error)
+        return 1
+    log.info("stopped at version %d (%d pulls from %s)", fs.server.store.version,
+             fs.follower.pulls, args.follow)
     return 0
 
 

@@ -23,6 +23,7 @@ from typing import Iterator, NamedTuple
 
 import grpc
 from google.protobuf import message as message_types
+from grpc_health.v1 import health_pb2
 import torch
 from torch import nn
 
@@ -363,7 +364,7 @@ class ParameterServer(NamedTuple):
 
     server: grpc.Server
     port: int
-    store: ParameterStore
+    store: ParameterStore | VersionedWeights
     servicer: ParameterServicer
     pull_server: grpc.Server | None = None
     pull_port: int = 0
@@ -377,6 +378,12 @@ class ParameterServer(NamedTuple):
         for event in stopping:
             event.wait()
 
+
+def _servicer(store: ParameterStore | VersionedWeights, max_message_bytes: int, max_workers: int,
+              max_watchers: int) -> ParameterServicer:
+    # Each open watch stream holds a server thread: 8 are always left for the other RPCs.
+    return ParameterServicer(store, max_message_bytes=max_message_bytes,
+                             max_watchers=min(max_watchers, max(1, max_workers - 8)))
 
 
 def create_server(cfg: ExperimentConfig, model: nn.Module | None = None, *,
@@ -396,8 +403,7 @@ def create_server(cfg: ExperimentConfig, model: nn.Module | None = None, *,
         if model is None:
             raise ValueError("create_server needs a model or a store")
         store = build_store(cfg, model)
-    servicer = ParameterServicer(store, max_message_bytes=max_message_bytes,
-                                 max_watchers=min(max_watchers, max(1, max_workers - 8)))
+    servicer = _servicer(store, max_message_bytes, max_workers, max_watchers)
     server, bound = grpcutil.create_server(
         [(add_to_server, servicer, SERVICE_NAME)],
         host=host, port=cfg.paramserver.port if port is None else port, max_workers=max_workers,
@@ -413,3 +419,32 @@ def create_server(cfg: ExperimentConfig, model: nn.Module | None = None, *,
             server.stop(0)
             raise
     return ParameterServer(server, bound, store, servicer, pull_server, pull_bound)
+
+
+def create_pull_only_server(store: VersionedWeights, *, refusal: str,
+                            ready: threading.Event | None = None, not_ready: str = "",
+                            host: str = "0.0.0.0", port: int = 0,
+                            max_message_bytes: int = grpcutil.DEFAULT_MAX_MESSAGE_BYTES,
+                            max_workers: int = DEFAULT_MAX_WORKERS,
+                            max_watchers: int = DEFAULT_MAX_WATCHERS) -> ParameterServer:
+    """Starts a ParameterService that only reads ``store`` (a follower's weights): pulls,
+    watches and Info as the main server answers them, PushGradients refused with
+    ``refusal``; with ``ready``, pulls and watches UNAVAILABLE (``not_ready``) until it is
+    set, and health NOT_SERVING until the caller sets it SERVING."""
+    servicer = _servicer(store, max_message_bytes, max_workers, max_watchers)
+    face = PullOnlyServicer(servicer, refusal=refusal, ready=ready, not_ready=not_ready)
+    server, bound = grpcutil.create_server([(add_to_server, face, SERVICE_NAME)], host=host,
+                                           port=port, max_workers=max_workers,
+                                           max_message_bytes=max_message_bytes)
+    if ready is not None and not ready.is_set():
+        set_health(server, serving=False)
+    return ParameterServer(server, bound, store, servicer)
+
+
+def set_health(server: grpc.Server, *, serving: bool) -> None:
+    """Health of ``server`` (the whole server and ParameterService): SERVING or NOT_SERVING.
+    Ignored once the server has entered its graceful shutdown."""
+    status = (health_pb2.HealthCheckResponse.SERVING if serving
+              else health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in ("", SERVICE_NAME):
+        server.health_servicer.set(name, status)

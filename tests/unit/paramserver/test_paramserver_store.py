@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from amprl.errors import FailedPrecondition, InvalidArgument
-from amprl.paramserver.store import ParameterStore, Step
+from amprl.paramserver.store import ParameterStore, Step, VersionedWeights
 
 
 def tiny_model(seed: int = 0) -> nn.Module:
@@ -379,3 +379,45 @@ def test_a_shared_store_steps_the_models_own_weights():
 def test_a_store_cannot_share_a_tensor_it_would_have_to_convert():
     with pytest.raises(InvalidArgument, match="w: cannot share a torch.float64 tensor"):
         ParameterStore({"w": torch.zeros(3, dtype=torch.float64)}, share=True)
+
+
+def test_every_change_of_the_weights_gets_a_new_revision():
+    store = ParameterStore.from_model(tiny_model(), lr=1e-2)
+    assert store.snapshot().revision == 0
+    result = store.apply(0, grads_for(store), snapshot=True)
+    assert result.revision == store.revision == store.snapshot().revision == 1
+    store.load_state_dict(store.state_dict())
+    assert store.revision == 2 and store.version == 1
+
+
+def test_versioned_weights_take_a_followed_servers_weights_whole():
+    # a follower's only write: any version, up or down, even the number it holds
+    follower = VersionedWeights.from_model(tiny_model())
+    source = weights(ParameterStore.from_model(tiny_model(seed=5)))
+    follower.replace(7, source)
+    assert (follower.version, follower.revision) == (7, 1)
+    assert all(torch.equal(weights(follower)[n], source[n]) for n in source)
+    follower.replace(3, weights(ParameterStore.from_model(tiny_model())))
+    follower.replace(3, source)
+    assert (follower.version, follower.revision) == (3, 3)
+    assert all(torch.equal(weights(follower)[n], source[n]) for n in source)
+    assert not hasattr(follower, "optimizer")
+    info = follower.info()
+    assert info["version"] == 3 and info["pushes_applied"] == 0
+
+
+@pytest.mark.parametrize("change", ["missing", "unknown", "shape"])
+def test_weights_of_another_model_are_refused_and_change_nothing(change):
+    follower = VersionedWeights.from_model(tiny_model())
+    before = weights(follower)
+    other = {n: torch.ones_like(t) for n, t in before.items()}
+    if change == "missing":
+        other.pop("critic.2.bias")
+    elif change == "unknown":
+        other["critic.9.weight"] = torch.ones(1)
+    else:
+        other["actor.0.weight"] = torch.ones(3, 4)
+    with pytest.raises(InvalidArgument, match="critic.2.bias|critic.9.weight|actor.0.weight"):
+        follower.replace(1, other)
+    assert (follower.version, follower.revision) == (0, 0)
+    assert all(torch.equal(weights(follower)[n], before[n]) for n in before)
