@@ -56,9 +56,12 @@ with pullers unless said otherwise):
                           (noisy with few pulls: every 400 env steps, the fleet pulls about
                           insert_transitions_per_s / 400 times a second whatever N is)
   push_p50_ms, update_priorities_p99_ms   the learner's other calls
-  pull_interval_s         median of the gaps between one puller's consecutive pulls (gaps
-                          longer than the window cannot be seen: see the next one)
-  pull_interval_fleet_mean_s    N * seconds / pulls: the mean interval per puller
+  pull_interval_s         N * seconds / pulls: the interval each puller achieved, on average
+                          (every 400 env steps it is longer than the window at large N, so
+                          no puller's own gaps can show it)
+  pull_gap_median_s       median of the gaps between one puller's consecutive pulls inside
+                          the window (the interval itself with --pull-interval-s; under the
+                          400-step rule only the short gaps a window can hold)
   replay_cpu_cores, paramserver_cpu_cores, load_generator_cpu_cores   CPU seconds per second
 
 **Atari** (``atari_*``): a replay shard alone, no rate limit, filled with chunks of real ALE
@@ -525,8 +528,8 @@ class Sweep:
             "pull_p50_ms": percentile_ms(lat["PullParameters"], 50),
             "push_p50_ms": percentile_ms(lat["PushGradients"], 50),
             "update_priorities_p99_ms": percentile_ms(lat["UpdatePriorities"], 99),
-            "pull_interval_s": round(float(np.median(gaps)), 2) if gaps else None,
-            "pull_interval_fleet_mean_s": round(n * seconds / c["pulls"], 2) if c["pulls"] else None,
+            "pull_interval_s": round(n * seconds / c["pulls"], 2) if c["pulls"] else None,
+            "pull_gap_median_s": round(float(np.median(gaps)), 2) if gaps else None,
             "paramserver_cpu_s": cpu1["paramserver"] - cpu0["paramserver"],
             **{f"{name}_cpu_cores": round((cpu1[name] - cpu0[name]) / seconds, 3) for name in cpu0},
         }
@@ -679,8 +682,7 @@ def sweep_report(phases: list[dict], sizes: list[int]) -> dict:
              "insert_deadline_exceeded", "errors_other", "errors_by_code", "replay_rss_mb",
              "redis_used_mb", "replay_size", "learner_updates_per_s", "pulls", "pulls_unchanged",
              "paramserver_bytes_per_pull", "pull_p50_ms", "push_p50_ms", "update_priorities_p99_ms",
-             "pull_interval_s",
-             "pull_interval_fleet_mean_s", "replay_cpu_cores", "paramserver_cpu_cores",
+             "pull_interval_s", "pull_gap_median_s", "replay_cpu_cores", "paramserver_cpu_cores",
              "load_generator_cpu_cores"]
     out: dict = {}
     for n in sizes:
