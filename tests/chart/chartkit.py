@@ -29,13 +29,16 @@ VALUE_SETS: dict[str, dict] = {
     "replay-3-shards": {"replay": {"shards": 3}},
     "tls": {"tls": {"enabled": True, "secretName": "amprl-tls", "serverName": "amprl.rl.svc"}},
     "actors-64": {"actor": {"replicas": 64}},
-    # The production setting: digests pinned, TLS, an existing Redis secret, GPU learner.
+    "paramserver-followers": {"paramserver": {"followers": {"replicas": 3}}},
+    # The production setting: digests pinned, TLS, an existing Redis secret, GPU learner,
+    # pull-only followers serving the fleet.
     "pinned": {
         "image": {"cpu": {"digest": _DIGEST}, "cuda": {"digest": _DIGEST}},
         "redis": {"image": {"digest": _DIGEST},
                   "auth": {"existingSecret": "redis-auth", "existingSecretKey": "pw"}},
         "tls": {"enabled": True, "secretName": "amprl-tls"},
         "learner": {"gpu": 1},
+        "paramserver": {"followers": {"replicas": 2}},
     },
 }
 
@@ -55,6 +58,11 @@ def render_docs(values: dict | None = None, name: str = RELEASE,
             if doc:
                 docs.append({"__source__": path, **doc})
     return docs, notes
+
+
+def followers(values: dict) -> int:
+    """paramserver.followers.replicas of a value set."""
+    return values.get("paramserver", {}).get("followers", {}).get("replicas", 0)
 
 
 def strip_source(doc: dict) -> dict:

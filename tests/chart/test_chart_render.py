@@ -47,6 +47,9 @@ def test_schema_accepts_the_value_sets(chart, value_set):
 
 @pytest.mark.parametrize("values, where", [
     ({"actor": {"replicas": -1}}, "/actor/replicas"),
+    ({"paramserver": {"followers": {"replicas": -1}}}, "/paramserver/followers/replicas"),
+    ({"paramserver": {"followers": {"replicas": 2, "resources": {"limits": None}}}},
+     "/paramserver/followers/resources"),
     ({"learner": {"replicas": -3}}, "/learner/replicas"),
     ({"learner": {"gpu": -1}}, "/learner/gpu"),
     ({"learner": {"gpu": 0.5}}, "/learner/gpu"),
@@ -197,6 +200,34 @@ def test_scaling_values_reach_the_workloads(rendered):
     assert objs[("StatefulSet", f"{RELEASE}-amprl-redis")]["spec"]["replicas"] == 3
 
 
+def test_followers_are_rendered_only_when_asked_for_and_serve_actors_and_evaluator(rendered):
+    assert not [d for d in rendered["defaults"][0] if "follower" in d["metadata"]["name"]]
+    objs = _by_kind_name(rendered["paramserver-followers"][0])
+    name = f"{RELEASE}-amprl-paramserver-follower"
+    domain = f"{NAMESPACE}.svc.cluster.local"
+    follower = objs[("Deployment", name)]
+    assert follower["spec"]["replicas"] == 3 and ("Service", name) in objs
+    pod = follower["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["AMPRL_FOLLOW"] == f"{RELEASE}-amprl-paramserver.{domain}:50056"  # the pull port
+    assert "AMPRL_PULL_PORT" not in env  # a follower serves reads on AMPRL_PORT only
+    assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v]  # no checkpoints
+    for component in ("actor", "evaluator", "learner"):
+        c = objs[("Deployment", f"{RELEASE}-amprl-{component}")]["spec"]["template"]["spec"]["containers"][0]
+        address = {e["name"]: e.get("value") for e in c["env"]}["AMPRL_PARAMSERVER_ADDRESS"]
+        expected = (f"{RELEASE}-amprl-paramserver.{domain}:50052" if component == "learner"
+                    else f"{name}.{domain}:50056")
+        assert address == expected, component
+    _, notes = rendered["paramserver-followers"]
+    assert f"deployment/{name}" in notes and f"deployment/{name}" not in rendered["defaults"][1]
+
+
+def test_follower_names_stay_valid_dns_labels_for_the_longest_release_name():
+    docs, _ = render_docs({"paramserver": {"followers": {"replicas": 1}}}, name="r" * 36)
+    names = [d["metadata"]["name"] for d in docs if "follower" in d["metadata"]["name"]]
+    assert len(names) == 3 and all(len(n) <= 63 for n in names), names
+
+
 def test_gpu_learner_asks_for_gpus_on_the_cuda_image(rendered):
     objs = _by_kind_name(rendered["gpu-learner"][0])
     pod = objs[("Deployment", f"{RELEASE}-amprl-learner")]["spec"]["template"]["spec"]
@@ -269,7 +300,7 @@ def test_notes_print_the_next_commands(rendered):
 
 
 _OPAQUE = re.compile(r"^(experiment|podSecurityContext|containerSecurityContext|networkPolicy\.dns"
-                     r"|[a-z]+\.resources|[a-z]+\.(nodeSelector|tolerations|affinity))\.")
+                     r"|([a-z]+\.)+resources|([a-z]+\.)+(nodeSelector|tolerations|affinity))\.")
 
 
 def test_values_yaml_documents_every_key_starting_with_its_own_name():

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from chartkit import NAMESPACE, VALUE_SETS, render_docs
+from chartkit import NAMESPACE, VALUE_SETS, followers, render_docs
 from k8s_model import Cluster, Pod, env_of, split_address
 
 DOMAIN = "cluster.local"
@@ -23,18 +23,31 @@ CLIENT_ADDRESSES = [
     ("evaluator", "AMPRL_PARAMSERVER_ADDRESS", "paramserver", "grpc-pull"),
     ("replay", "AMPRL_REDIS_URL", "redis", "redis"),
 ]
+# With pull-only followers, actors and the evaluator pull from them, and they follow the
+# parameter server's pull port.
+CLIENT_ADDRESSES_WITH_FOLLOWERS = [
+    ("actor", "AMPRL_REPLAY_ADDRESS", "replay", "grpc"),
+    ("actor", "AMPRL_PARAMSERVER_ADDRESS", "paramserver-follower", "grpc"),
+    ("learner", "AMPRL_REPLAY_ADDRESS", "replay", "grpc"),
+    ("learner", "AMPRL_PARAMSERVER_ADDRESS", "paramserver", "grpc"),
+    ("evaluator", "AMPRL_PARAMSERVER_ADDRESS", "paramserver-follower", "grpc"),
+    ("paramserver-follower", "AMPRL_FOLLOW", "paramserver", "grpc-pull"),
+    ("replay", "AMPRL_REDIS_URL", "redis", "redis"),
+]
 
-# Every flow the system needs: (source, destination, destination container port name).
-DATA_FLOWS = {
-    ("actor", "replay", "grpc"),
-    ("actor", "paramserver", "grpc-pull"),
-    ("learner", "replay", "grpc"),
-    ("learner", "paramserver", "grpc"),
-    ("evaluator", "paramserver", "grpc-pull"),
-    ("replay", "redis", "redis"),
-}
+
+def client_addresses(value_set: str) -> list[tuple[str, str, str, str]]:
+    return CLIENT_ADDRESSES_WITH_FOLLOWERS if followers(VALUE_SETS[value_set]) else CLIENT_ADDRESSES
+
+
+def data_flows(value_set: str) -> set[tuple[str, str, str]]:
+    """Every flow the system needs: (source, destination, destination container port
+    name); exactly the client addresses, so nothing else is admitted."""
+    return {(client, server, port) for client, _, server, port in client_addresses(value_set)}
+
+
 # Who may ask DNS: every client and server except Redis, which dials nothing.
-DNS_CLIENTS = {"actor", "learner", "evaluator", "replay", "paramserver"}
+DNS_CLIENTS = {"actor", "learner", "evaluator", "replay", "paramserver", "paramserver-follower"}
 
 KUBE_DNS = Pod("coredns-0", "kube-system", {"k8s-app": "kube-dns"},
                (("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")))
@@ -70,7 +83,8 @@ def test_each_client_address_resolves_to_a_service_port_of_the_right_component(r
     cluster = _cluster(docs)
     shards = VALUE_SETS[value_set].get("replay", {}).get("shards", 1)
     checked = 0
-    for client, var, server, port_name in CLIENT_ADDRESSES:
+    wanted = client_addresses(value_set)
+    for client, var, server, port_name in wanted:
         clients = [p for p in cluster.pods if _component(p) == client and p.namespace == NAMESPACE]
         assert clients, f"no {client} pods rendered"
         for pod in clients:
@@ -96,7 +110,7 @@ def test_each_client_address_resolves_to_a_service_port_of_the_right_component(r
                         assert target.ordinal == pod.ordinal, (
                             f"replay shard {pod.name} stores into {target.name}, not its own Redis")
                     checked += 1
-    assert checked >= len(CLIENT_ADDRESSES)
+    assert checked >= len(wanted)
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
@@ -124,7 +138,7 @@ def test_every_server_listens_on_the_port_its_service_and_probes_name(rendered, 
 UNMANAGED = (KUBE_DNS, INTRUDER, OUTSIDER)
 
 
-def _expected(src: Pod, dst: Pod, port: int, protocol: str) -> bool:
+def _expected(src: Pod, dst: Pod, port: int, protocol: str, flows: set) -> bool:
     if src in UNMANAGED and dst in UNMANAGED:
         return True  # not ours to restrict
     if src in UNMANAGED:
@@ -134,7 +148,7 @@ def _expected(src: Pod, dst: Pod, port: int, protocol: str) -> bool:
     if dst in UNMANAGED:
         return False  # and it dials nothing outside itself but DNS
     return any((_component(src), _component(dst)) == (fs, fd) and dst.port_number(name) == port
-               and protocol == "TCP" for fs, fd, name in DATA_FLOWS)
+               and protocol == "TCP" for fs, fd, name in flows)
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
@@ -146,6 +160,7 @@ def test_network_policies_admit_the_data_flows_and_nothing_else(rendered, value_
     for pod in cluster.pods:
         reps.setdefault(_component(pod) if pod.namespace == NAMESPACE else pod.name, []).append(pod)
     pods = [p for group in reps.values() for p in group[:2]]
+    flows = data_flows(value_set)
     wrong = []
     for src in pods:
         for dst in pods:
@@ -153,12 +168,12 @@ def test_network_policies_admit_the_data_flows_and_nothing_else(rendered, value_
                 continue
             for _, port, protocol in dst.ports:
                 got = cluster.allowed(src, dst, port, protocol)
-                if got != _expected(src, dst, port, protocol):
+                if got != _expected(src, dst, port, protocol, flows):
                     wrong.append(f"{src.name} -> {dst.name}:{port}/{protocol} "
                                  f"{'admitted' if got else 'blocked'}")
     assert not wrong, "\n".join(wrong)
     # Each wanted flow really was exercised above.
-    for s, d, name in DATA_FLOWS:
+    for s, d, name in flows:
         assert reps.get(s) and reps.get(d) and reps[d][0].port_number(name), (s, d, name)
 
 

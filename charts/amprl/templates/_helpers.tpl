@@ -86,9 +86,37 @@ With one shard this is a single host:port.
 {{- printf "%s.%s:%d" (include "amprl.componentName" (dict "ctx" . "component" "paramserver")) (include "amprl.svcDomain" .) (int .Values.paramserver.port) -}}
 {{- end -}}
 
-{{/* AMPRL_PARAMSERVER_ADDRESS of actors and the evaluator: the read-only pull port. */}}
-{{- define "amprl.paramserverPullAddress" -}}
+{{/* The parameter server's read-only pull port: what followers follow. */}}
+{{- define "amprl.paramserverMainPullAddress" -}}
 {{- printf "%s.%s:%d" (include "amprl.componentName" (dict "ctx" . "component" "paramserver")) (include "amprl.svcDomain" .) (int .Values.paramserver.pullPort) -}}
+{{- end -}}
+
+{{/*
+AMPRL_PARAMSERVER_ADDRESS of actors and the evaluator, who only read weights: the
+followers' Service when there are followers, else the parameter server's pull port.
+*/}}
+{{- define "amprl.paramserverPullAddress" -}}
+{{- if gt (int .Values.paramserver.followers.replicas) 0 -}}
+{{- printf "%s.%s:%d" (include "amprl.componentName" (dict "ctx" . "component" "paramserver-follower")) (include "amprl.svcDomain" .) (int .Values.paramserver.pullPort) -}}
+{{- else -}}
+{{- include "amprl.paramserverMainPullAddress" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The pods that pull weights from the parameter server's pull port: the followers when
+there are any, else the actors and the evaluator. Peers of a NetworkPolicy rule.
+*/}}
+{{- define "amprl.paramserverPullPeers" -}}
+{{- $components := list "actor" "evaluator" -}}
+{{- if gt (int .Values.paramserver.followers.replicas) 0 -}}
+{{- $components = list "paramserver-follower" -}}
+{{- end -}}
+{{- range $components }}
+- podSelector:
+    matchLabels:
+      {{- include "amprl.selectorLabels" (dict "ctx" $ "component" .) | nindent 6 }}
+{{- end }}
 {{- end -}}
 
 {{- define "amprl.redisSecretName" -}}
