@@ -19,8 +19,9 @@ first without pullers, then with them. Running during each:
 
   * N actors ("actor-<k>"), one Insert call after another as the actor's sender makes them:
     --chunks-per-call chunks of 64 transitions (real CartPole-v1 observations from random
-    play, rolled before timing), deadline 5 s. RESOURCE_EXHAUSTED, UNAVAILABLE and
-    DEADLINE_EXCEEDED back off with equal jitter (0.1 s doubling to 5 s) before the next call.
+    play, rolled before timing), with the actor's deadline (``actor.INSERT_TIMEOUT_S``, 60 s).
+    RESOURCE_EXHAUSTED, UNAVAILABLE and DEADLINE_EXCEEDED back off as the actor does
+    (``amprl.common.backoff``) before the next call.
   * N pullers (second phase): PullParameters(have_version, --pull-encoding) each time actor
     k's stored transitions (its env steps) pass another 400 (pong-apex's
     actor.weight_refresh_steps; each actor starts at a random point of that cycle, holding
@@ -39,9 +40,9 @@ with pullers unless said otherwise):
   insert_transitions_per_s, sample_transitions_per_s   transitions in Insert / Sample replies
   insert_p50_ms, insert_p99_ms, sample_p99_ms, health_p99_ms, info_p99_ms
                           every call that ended, failed ones at their time to failure
-                          (an Insert that waited on the rate limiter past its deadline: 5000)
+                          (an Insert that waited on the rate limiter past its deadline: 60000)
   resource_exhausted      RESOURCE_EXHAUSTED answers, any call
-  insert_deadline_exceeded  Insert calls whose 5 s ran out (waiting on the rate limiter is
+  insert_deadline_exceeded  Insert calls whose 60 s ran out (waiting on the rate limiter is
                           the protocol's documented behaviour; the actor backs off and resends)
   errors_other, errors_by_code   every other non-OK status or exception, and by
                           "<Method> <CODE>": count and first message
@@ -92,6 +93,8 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from amprl.actor.actor import INSERT_TIMEOUT_S
+from amprl.common.backoff import Backoff
 from amprl.common.grpcutil import DEFAULT_MAX_MESSAGE_BYTES
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
@@ -114,7 +117,7 @@ N_STEP = 3
 MAX_CHUNKS_PER_CALL = 16  # the actor's sender puts at most this many chunks in one Insert call
 
 # Deadlines, as the real clients set them
-INSERT_DEADLINE_S = 5.0  # the actor's sender
+INSERT_DEADLINE_S = INSERT_TIMEOUT_S  # the actor's sender
 SAMPLE_DEADLINE_S = 2.0  # the learner's prefetch thread
 PUSH_DEADLINE_S = 10.0   # learner.push_timeout_s
 PULL_DEADLINE_S = 30.0   # the actor's weight thread
@@ -128,7 +131,6 @@ SAMPLE_CALLS_IN_FLIGHT = 2  # the learner prefetches
 PREFETCH_BATCHES = 4        # learner.prefetch_batches
 PRIORITY_CALLS_IN_FLIGHT = 2
 BETA = 0.4
-BACKOFF_BASE_S, BACKOFF_CAP_S = 0.1, 5.0
 OTHER_ERROR_PAUSE_S = 1.0  # after a status nobody should retry at once (a bug, a bad request)
 RETRY_CODES = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
                grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -191,14 +193,6 @@ def top_fields(buf: bytes) -> dict[int, int | memoryview]:
 
 def percentile_ms(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)) * 1e3, 1) if values else None
-
-
-def backoff_s(attempt: int, rng: random.Random) -> float:
-    """The wait before retry ``attempt`` (1, 2, ...): d/2 + uniform(0, d/2) with
-    d = min(cap, base * 2^(attempt-1)) ("equal jitter": a fleet that failed together does
-    not come back together, and nobody retries at once)."""
-    window = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
-    return window / 2 + rng.uniform(0.0, window / 2)
 
 
 def aio_channel(address: str) -> grpc.aio.Channel:
@@ -307,7 +301,7 @@ class Sweep:
         prefix = replay_pb2.InsertRequest(actor_id=f"actor-{k}").SerializeToString()
         refresh = self.plan["refresh_steps"]
         steps = self.rng.randrange(refresh)  # a random point of its refresh cycle
-        i, attempt = 7 * k, 0
+        i, backoff = 7 * k, Backoff(rng=self.rng)
         async with aio_channel(self.plan["replay"]) as channel:
             insert = channel.stream_unary(INSERT, request_serializer=None,
                                           response_deserializer=replay_pb2.InsertResponse.FromString)
@@ -319,12 +313,11 @@ class Sweep:
                 try:
                     reply = await insert(items, timeout=INSERT_DEADLINE_S)
                 except Exception as exc:  # noqa: BLE001 - counted; the actor carries on
-                    attempt += 1
                     code = w.failed("Insert", t0, exc)
-                    await asyncio.sleep(backoff_s(attempt, self.rng) if code in RETRY_CODES
+                    await asyncio.sleep(backoff.next() if code in RETRY_CODES
                                         else OTHER_ERROR_PAUSE_S)
                     continue
-                attempt = 0
+                backoff.reset()
                 w.ok("Insert", t0, inserted=reply.transitions_stored)
                 before, steps = steps, steps + reply.transitions_stored
                 if want_pull is not None and steps // refresh > before // refresh:
@@ -333,7 +326,7 @@ class Sweep:
     async def puller(self, k: int, w: Window, want: asyncio.Event | None, version: int) -> None:
         interval = self.args.pull_interval_s
         next_at = time.perf_counter() + self.rng.uniform(0.0, interval) if interval else 0.0
-        attempt = 0
+        backoff = Backoff(rng=self.rng)
         async with aio_channel(self.plan["paramserver"]) as channel:
             pull = channel.unary_stream(PULL, request_serializer=paramserver_pb2.PullParametersRequest.SerializeToString,
                                         response_deserializer=None)  # raw bytes: no tensor decoded
@@ -358,14 +351,13 @@ class Sweep:
                     if not last:
                         raise RuntimeError(f"pull stream ended before its last message ({nbytes} bytes)")
                 except Exception as exc:  # noqa: BLE001 - counted; the actor carries on
-                    attempt += 1
                     code = w.failed("PullParameters", t0, exc)
-                    await asyncio.sleep(backoff_s(attempt, self.rng) if code in RETRY_CODES
+                    await asyncio.sleep(backoff.next() if code in RETRY_CODES
                                         else OTHER_ERROR_PAUSE_S)
                     if want is not None:
                         want.set()  # it still wants the weights
                     continue
-                attempt = 0
+                backoff.reset()
                 version = got
                 w.ok("PullParameters", t0, pulls=1, pull_bytes=nbytes, pulls_unchanged=int(unchanged))
 
@@ -380,18 +372,17 @@ class Sweep:
             helpers: set[asyncio.Task] = set()
 
             async def prefetch() -> None:
-                request, attempt = replay_pb2.SampleRequest(batch_size=bs, beta=BETA), 0
+                request, backoff = replay_pb2.SampleRequest(batch_size=bs, beta=BETA), Backoff(rng=self.rng)
                 while True:
                     t0 = time.perf_counter()
                     try:
                         resp = await replay.Sample(request, timeout=SAMPLE_DEADLINE_S)
                     except Exception as exc:  # noqa: BLE001
-                        attempt += 1
                         code = w.failed("Sample", t0, exc)
-                        await asyncio.sleep(backoff_s(attempt, self.rng) if code in RETRY_CODES
+                        await asyncio.sleep(backoff.next() if code in RETRY_CODES
                                             else OTHER_ERROR_PAUSE_S)
                         continue
-                    attempt = 0
+                    backoff.reset()
                     w.ok("Sample", t0, sampled=resp.keys.shape[0] if resp.keys.shape else 0)
                     await batches.put(resp)
 
@@ -429,7 +420,7 @@ class Sweep:
                                 if key == "amprl-current-version":
                                     version = int(value)
                         else:
-                            await asyncio.sleep(backoff_s(1, self.rng))
+                            await asyncio.sleep(Backoff(rng=self.rng).next())
                         continue
                     version = reply.version
                     w.ok("PushGradients", t0, updates=1)
@@ -590,7 +581,7 @@ async def atari(args, plan: dict) -> None:
                     raw = await sample(request, timeout=10.0)
                 except grpc.aio.AioRpcError as exc:
                     w.failed("Sample", t0, exc)
-                    await asyncio.sleep(backoff_s(1, rng_backoff))
+                    await asyncio.sleep(Backoff(rng=rng_backoff).next())
                     continue
                 keys = tensor_pb2.Tensor.FromString(bytes(top_fields(raw).get(2, b"")))  # SampleResponse.keys
                 w.ok("Sample", t0, sampled=keys.shape[0] if keys.shape else 0)
@@ -774,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
             "rate_limiter_from": "configs/cartpole-dqn.yaml",
             "chunk_transitions": chunk, "chunks_per_call": chunks_per_call,
             "insert_deadline_s": INSERT_DEADLINE_S,
-            "insert_backoff": f"equal jitter, {BACKOFF_BASE_S} s doubling to {BACKOFF_CAP_S} s, on "
+            "insert_backoff": f"amprl.common.backoff (equal jitter, {Backoff().base_s} s doubling to {Backoff().cap_s} s), on "
                               "RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED",
             "sample_batch": args.batch_size, "sample_calls_in_flight": SAMPLE_CALLS_IN_FLIGHT,
             "sample_deadline_s": SAMPLE_DEADLINE_S, "prefetch_batches": PREFETCH_BATCHES,

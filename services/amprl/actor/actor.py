@@ -44,11 +44,11 @@ log = logging.getLogger(__name__)
 
 _SEND_LINGER_S = 0.02
 """How long the sender waits for more chunks to share an Insert call (adds <= 20 ms of latency)."""
-_INSERT_TIMEOUT_S = 5.0
-"""Deadline of one Insert call, rate-limiter waits included."""
-_RETRY_BASE_S, _RETRY_CAP_S = 0.1, 5.0
-"""Backoff of retried inserts and weight pulls: the first pause 0.05-0.1 s, doubling up to
-2.5-5 s."""
+INSERT_TIMEOUT_S = 60.0
+"""Deadline of one Insert call, rate-limiter waits included. A waiting insert costs replay
+nothing but a suspended call, and the limiter lets waiting inserts through oldest first; a
+deadline shorter than the fleet's turn would send the actor to the back of the queue to
+resend the same chunks, so it is long."""
 
 
 @dataclass
@@ -118,7 +118,7 @@ class Actor:
         self._synced = True
 
     def _pull_loop(self) -> None:
-        backoff = Backoff(base_s=_RETRY_BASE_S, cap_s=_RETRY_CAP_S)
+        backoff = Backoff()
         while not self._stop.is_set():
             if not self._want_pull.wait(timeout=0.5):
                 continue
@@ -176,10 +176,10 @@ class Actor:
         (RESOURCE_EXHAUSTED), an unreachable one (UNAVAILABLE) and a rate-limited wait that
         outlasted the call (DEADLINE_EXCEEDED) are retried with the same items after a
         jittered, growing pause, so a fleet refused together does not come back together."""
-        backoff = Backoff(base_s=_RETRY_BASE_S, cap_s=_RETRY_CAP_S)
+        backoff = Backoff()
         while True:
             try:
-                reply = self.replay.insert(self.actor_id, items, timeout=_INSERT_TIMEOUT_S)
+                reply = self.replay.insert(self.actor_id, items, timeout=INSERT_TIMEOUT_S)
                 self.stats.transitions_sent += int(reply.transitions_stored)
                 return
             except (errors.DeadlineExceeded, errors.ResourceExhausted, errors.Unavailable) as exc:

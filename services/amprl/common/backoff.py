@@ -12,6 +12,9 @@ import random
 
 
 class Backoff:
+    """The defaults (first pause 0.05-0.1 s, doubling to 2.5-5 s) are what actors use for
+    inserts and weight pulls."""
+
     def __init__(self, base_s: float = 0.1, cap_s: float = 5.0, rng: random.Random | None = None):
         if not 0 < base_s <= cap_s:
             raise ValueError(f"backoff: need 0 < base_s ({base_s}) <= cap_s ({cap_s})")
