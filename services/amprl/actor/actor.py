@@ -179,7 +179,8 @@ class Actor:
         backoff = Backoff()
         while True:
             try:
-                reply = self.replay.insert(self.actor_id, items, timeout=INSERT_TIMEOUT_S)
+                reply = self.replay.insert(self.actor_id, items, timeout=INSERT_TIMEOUT_S,
+                                           cancel=self._stop)
                 self.stats.transitions_sent += int(reply.transitions_stored)
                 return
             except (errors.DeadlineExceeded, errors.ResourceExhausted, errors.Unavailable) as exc:

@@ -102,6 +102,10 @@ def insert_request(actor_id: str, chunk: Chunk, priorities: np.ndarray,
     return req
 
 
+_CANCEL_POLL_S = 0.1
+"""How often a cancellable call looks at its cancel event."""
+
+
 class ReplayClient:
     """Client of one replay service at ``address`` ("host:port")."""
 
@@ -112,19 +116,32 @@ class ReplayClient:
 
     def insert(self, actor_id: str,
                items: Iterable[tuple[Chunk, np.ndarray, int]],
-               timeout: float | None = None) -> replay_pb2.InsertResponse:
+               timeout: float | None = None,
+               cancel: threading.Event | None = None) -> replay_pb2.InsertResponse:
         """Streams ``(chunk, priorities float32 [T], env_steps)`` items as one Insert call;
-        returns once every chunk is stored (the response counts them)."""
+        returns once every chunk is stored (the response counts them). Setting ``cancel``
+        ends a call still waiting (DeadlineExceeded): how a stopping actor leaves the rate
+        limiter's queue without waiting out a long deadline."""
         def requests() -> Iterator[replay_pb2.InsertRequest]:
             for chunk, priorities, env_steps in items:
                 yield insert_request(actor_id, chunk, priorities, env_steps)
-        return self.insert_requests(requests(), timeout=timeout)
+        return self.insert_requests(requests(), timeout=timeout, cancel=cancel)
 
     def insert_requests(self, requests: Iterable[replay_pb2.InsertRequest],
-                        timeout: float | None = None) -> replay_pb2.InsertResponse:
+                        timeout: float | None = None,
+                        cancel: threading.Event | None = None) -> replay_pb2.InsertResponse:
         """Insert with prebuilt requests (see ``insert_request``)."""
         try:
-            return self._stub.Insert(iter(requests), timeout=timeout)
+            if cancel is None:
+                return self._stub.Insert(iter(requests), timeout=timeout)
+            call = self._stub.Insert.future(iter(requests), timeout=timeout)
+            while not cancel.is_set():
+                try:
+                    return call.result(timeout=_CANCEL_POLL_S)
+                except grpc.FutureTimeoutError:
+                    continue
+            call.cancel()
+            raise errors.DeadlineExceeded("insert cancelled: the caller is stopping")
         except grpc.RpcError as exc:
             raise_for_rpc_error(exc)
             raise
@@ -224,9 +241,11 @@ class ShardedReplayClient:
         return ",".join(self.addresses)
 
     def insert(self, actor_id: str, items: Iterable[tuple[Chunk, np.ndarray, int]],
-               timeout: float | None = None) -> replay_pb2.InsertResponse:
+               timeout: float | None = None,
+               cancel: threading.Event | None = None) -> replay_pb2.InsertResponse:
         """Inserts into the actor's own shard (its ``size`` is that shard's)."""
-        return self.shards[shard_for(actor_id, len(self.shards))].insert(actor_id, items, timeout)
+        return self.shards[shard_for(actor_id, len(self.shards))].insert(actor_id, items, timeout,
+                                                                         cancel)
 
     def _pick_shard(self, timeout: float | None) -> int:
         now = time.monotonic()

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import grpc
@@ -19,7 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amprl import errors
-from amprl.replay.client import insert_request
+from amprl.replay.client import ReplayClient, insert_request
 from amprl.replay.testing import make_chunk, vector_spec
 from amprl.v1 import replay_pb2, replay_pb2_grpc
 
@@ -182,3 +183,23 @@ def test_keepalive_drops_the_streams_of_a_peer_that_stopped_answering(replay):
         os.kill(proc.pid, signal.SIGCONT) if proc.poll() is None else None
         proc.wait(10)
         proc.stdout.close()
+
+
+def test_a_waiting_insert_is_cancelled_at_once_when_its_caller_stops(replay):
+    spec = vector_spec()
+    # min size 16 and a ratio of 1 with buffer 1: after the first 32 nothing more goes in
+    # until something is sampled.
+    r = replay(spec, capacity=1000, min_size_to_sample=16, samples_per_insert=1.0,
+               samples_per_insert_error_buffer=1.0)
+    r.client.insert("a", [(make_chunk(spec, 32), np.ones(32, np.float32), 32)])
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    start = time.monotonic()
+    with ReplayClient(r.address) as client, pytest.raises(errors.DeadlineExceeded, match="stopping"):
+        client.insert("a", [(make_chunk(spec, 8), np.ones(8, np.float32), 8)], timeout=60,
+                      cancel=stop)
+    assert time.monotonic() - start < 5
+    deadline = time.monotonic() + 5
+    while r.client.info().rate_limiter.waiting_inserts:  # the server let go of it too
+        assert time.monotonic() < deadline
+        time.sleep(0.05)

@@ -31,7 +31,7 @@ class HeldReplay:
         self.open = threading.Event()
         self.acknowledged = 0
 
-    def insert(self, actor_id, items, timeout=None):
+    def insert(self, actor_id, items, timeout=None, cancel=None):
         if not self.open.wait(timeout=timeout):
             raise errors.DeadlineExceeded("rate-limited")
         n = sum(len(chunk.actions) for chunk, _, _ in items)
@@ -86,7 +86,7 @@ class RefusingReplay:
         self.tries: list[tuple[float, tuple]] = []
         self.stored: list = []
 
-    def insert(self, actor_id, items, timeout=None):
+    def insert(self, actor_id, items, timeout=None, cancel=None):
         items = list(items)
         self.tries.append((time.monotonic(), tuple(id(chunk) for chunk, _, _ in items)))
         if len(self.tries) <= self.refusals:
