@@ -12,7 +12,9 @@ Two ports can serve the same store. The main port answers every RPC; the optiona
 port answers PullParameters, WatchParameters and Info (plus health and reflection) and
 refuses PushGradients with PERMISSION_DENIED. On Kubernetes only learners may reach the
 main port (a NetworkPolicy), so an actor or the evaluator, which only ever read weights,
-cannot change them even if compromised or misconfigured.
+cannot change them even if compromised or misconfigured. A pull-only follower
+(``amprl.paramserver.follower``) serves its copy of the weights with the same servicer
+behind the same read-only face (``create_pull_only_server``).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import threading
 from typing import Iterator, NamedTuple
 
 import grpc
+import torch
 from google.protobuf import message as message_types
 from grpc_health.v1 import health_pb2
-import torch
 from torch import nn
 
 from amprl.common import grpcutil

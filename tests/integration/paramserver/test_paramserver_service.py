@@ -14,6 +14,7 @@ from amprl.compression import ErrorFeedback, decode, encode
 from amprl.config import config_from_dict
 from amprl.paramserver.client import ParameterClient, load_into, reply_weights
 from amprl.paramserver.service import create_server
+from amprl.paramserver.store import ParameterStore
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
 
@@ -476,3 +477,20 @@ def test_a_push_reply_with_weights_fills_the_pull_cache(start_server, count_enco
     pulled = [paramserver_pb2.PullParametersResponse.FromString(b) for b in _raw_pull(client.channel)]
     assert len(count_encodings) == len(ps.store.shapes)  # the pull found the push's encoding
     assert list(reply.weights) == list(pulled[0].parameters)
+
+
+def test_add_to_server_registers_every_rpc_of_the_service():
+    from amprl.paramserver.service import SERVICE_NAME, ParameterServicer, add_to_server
+
+    class Recorder:
+        def add_generic_rpc_handlers(self, handlers):
+            self.generic = handlers
+
+        def add_registered_method_handlers(self, name, handlers):
+            self.name, self.handlers = name, handlers
+
+    server = Recorder()
+    add_to_server(ParameterServicer(ParameterStore.from_model(small_model())), server)
+    methods = paramserver_pb2.DESCRIPTOR.services_by_name["ParameterService"].methods
+    assert server.name == SERVICE_NAME and set(server.handlers) == {m.name for m in methods}
+    assert len(server.generic) == 1
