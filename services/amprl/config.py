@@ -143,6 +143,11 @@ class ReplayConfig:
     """Insert streams one replay shard serves at once (one per actor sending, each a few
     KiB of memory and no thread); a stream beyond it is refused with RESOURCE_EXHAUSTED and
     its actor backs off and retries. Raise it, or add shards, for a larger fleet."""
+    max_pending_insert_bytes: int = 256 * 1024**2
+    """Frame bytes of received chunks not yet stored (groups waiting on the rate limiter)
+    one shard holds at most; beyond it streams read no further chunk until stored ones make
+    room, and HTTP/2 flow control holds their actors back. Bounds what a fleet waiting on
+    the limiter costs in memory, whatever its size."""
     insert_idle_timeout_s: float = 30.0
     """An Insert stream that sends no chunk for this long is ended with DEADLINE_EXCEEDED
     (what it sent before is stored), so a stuck client cannot hold a stream slot."""
@@ -391,6 +396,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "replay.samples_per_insert": (lambda v: v >= 0, "must be >= 0"),
     "replay.cache_max_bytes": (lambda v: v >= 0, "must be >= 0"),
     "replay.max_insert_streams": (lambda v: v >= 1, "must be >= 1"),
+    "replay.max_pending_insert_bytes": (lambda v: v >= 1, "must be >= 1"),
     "replay.insert_idle_timeout_s": (lambda v: v > 0, "must be > 0"),
     "replay.keepalive_s": (lambda v: v >= 1, "must be >= 1 (the server refuses pings from its "
                                               "peers more often than every 10 s, and its own "

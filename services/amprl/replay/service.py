@@ -9,9 +9,10 @@ for inserts and one for samples and priorities, so a burst of inserts never queu
 front of the learner.
 
 Everything a client can open is bounded: insert streams (``replay.max_insert_streams``,
-then RESOURCE_EXHAUSTED), concurrent samples (``MAX_CONCURRENT_SAMPLES``), a stream's
-silence (``replay.insert_idle_timeout_s``), a dead peer's connection (keepalive), and the
-record of actor ids (``ActorRegistry``).
+then RESOURCE_EXHAUSTED), the received chunks waiting to be stored
+(``replay.max_pending_insert_bytes``, then streams stop reading), concurrent samples
+(``MAX_CONCURRENT_SAMPLES``), a stream's silence (``replay.insert_idle_timeout_s``), a dead
+peer's connection (keepalive), and the record of actor ids (``ActorRegistry``).
 
 Errors raised below (``amprl.errors``) become canonical status codes in
 ``map_errors_async``.
@@ -94,6 +95,10 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         self.table = table
         self.spec = table.spec
         self.max_insert_streams = int(cfg.max_insert_streams)
+        self.max_pending_insert_bytes = int(cfg.max_pending_insert_bytes)
+        self.pending_insert_bytes = 0
+        """Frame bytes of received chunks not yet stored (groups being read or waiting)."""
+        self._room = asyncio.Event()  # set whenever pending_insert_bytes went down
         self.idle_timeout_s = float(cfg.insert_idle_timeout_s)
         self.limiter = RateLimiter(samples_per_insert=cfg.samples_per_insert,
                                    min_size_to_sample=cfg.min_size_to_sample,
@@ -176,17 +181,20 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             nonlocal stored_chunks, stored, group, group_t, group_bytes, received
             if not group:
                 return
-            items, t = group, group_t
+            items, t, nbytes = group, group_t, group_bytes
             group, group_t, group_bytes = [], 0, 0
-            bad = await self._run(self._insert_pool, self._check_group, items)
-            good = items if bad is None else items[:bad[0]]
-            if good:
-                n = t if bad is None else sum(len(c) for c, _, _ in good)
-                async with self.limiter.insert(n, _deadline(context)):
-                    await self._run(self._insert_pool, table.insert_many, good)
-                self.actors.saw(actor_id)
-                stored_chunks += len(good)
-                stored += n
+            try:
+                bad = await self._run(self._insert_pool, self._check_group, items)
+                good = items if bad is None else items[:bad[0]]
+                if good:
+                    n = t if bad is None else sum(len(c) for c, _, _ in good)
+                    async with self.limiter.insert(n, _deadline(context)):
+                        await self._run(self._insert_pool, table.insert_many, good)
+                    self.actors.saw(actor_id)
+                    stored_chunks += len(good)
+                    stored += n
+            finally:
+                self._release(nbytes)
             if bad is not None:
                 received = stored_chunks  # the bad chunk's index in the call
                 raise bad[1]
@@ -200,6 +208,13 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         try:
             while True:
                 if read is None:
+                    if self.pending_insert_bytes >= self.max_pending_insert_bytes:
+                        # Replay holds as many received chunks as it may: hand this stream's
+                        # group to the limiter and read nothing more (HTTP/2 flow control
+                        # then holds the actor back) until stored chunks make room.
+                        await flush()
+                        await self._room_for_chunks()
+                        waiting_since = time.monotonic()
                     read = asyncio.ensure_future(anext(requests))
                 # Wait for the next chunk no longer than the stream may idle, and, while a
                 # group is open, no longer than the group may age.
@@ -243,6 +258,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 group.append((chunk, priorities, request.env_steps))
                 group_t += len(chunk)
                 group_bytes += chunk.frames.nbytes
+                self.pending_insert_bytes += chunk.frames.nbytes
             await flush()
         except errors.AmprlError as exc:
             exc.args = (f"{exc} (chunk {received} of this call; {stored_chunks} chunks, "
@@ -251,8 +267,20 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         finally:
             if read is not None:
                 read.cancel()
+            self._release(group_bytes)  # a group the call ended with, unstored
         return replay_pb2.InsertResponse(chunks_stored=stored_chunks, transitions_stored=stored,
                                          size=table.size)
+
+    def _release(self, nbytes: int) -> None:
+        """Received chunks of ``nbytes`` left memory (stored, refused or dropped)."""
+        if nbytes:
+            self.pending_insert_bytes -= nbytes
+            self._room.set()
+
+    async def _room_for_chunks(self) -> None:
+        while self.pending_insert_bytes >= self.max_pending_insert_bytes:
+            self._room.clear()
+            await self._room.wait()
 
     def _check_group(self, group: list) -> tuple[int, errors.InvalidArgument] | None:
         """(index of the first bad chunk, its error) or None (a worker thread)."""
@@ -314,7 +342,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             actors_seen=self.actors.seen, actors_live=self.actors.live(),
             live_window_seconds=self.actors.live_window_s,
             redis_used_memory_bytes=self.redis_used_memory_bytes,
-            total_priority=i["total_priority"], insert_streams=self.insert_streams)
+            total_priority=i["total_priority"], insert_streams=self.insert_streams,
+            pending_insert_bytes=self.pending_insert_bytes)
 
 
 class ReplayServer(NamedTuple):

@@ -376,6 +376,7 @@ class ReplayServiceInfoResponse(_message.Message):
     REDIS_USED_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     TOTAL_PRIORITY_FIELD_NUMBER: _builtins.int
     INSERT_STREAMS_FIELD_NUMBER: _builtins.int
+    PENDING_INSERT_BYTES_FIELD_NUMBER: _builtins.int
     size: _builtins.int
     """Transitions stored now."""
     capacity: _builtins.int
@@ -400,6 +401,10 @@ class ReplayServiceInfoResponse(_message.Message):
     """Sum of all priorities^alpha in the sum-tree."""
     insert_streams: _builtins.int
     """Insert streams open now (at most the server's replay.max_insert_streams)."""
+    pending_insert_bytes: _builtins.int
+    """Frame bytes of received chunks not yet stored: groups being read or waiting on the rate
+    limiter (streams stop reading at replay.max_pending_insert_bytes).
+    """
     @_builtins.property
     def rate_limiter(self) -> Global___RateLimiterInfo:
         """Rate limiter settings and state."""
@@ -420,10 +425,11 @@ class ReplayServiceInfoResponse(_message.Message):
         redis_used_memory_bytes: _builtins.int = ...,
         total_priority: _builtins.float = ...,
         insert_streams: _builtins.int = ...,
+        pending_insert_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rate_limiter", b"rate_limiter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "actors_seen", b"actors_seen", "capacity", b"capacity", "env_steps_total", b"env_steps_total", "insert_streams", b"insert_streams", "inserted_total", b"inserted_total", "live_window_seconds", b"live_window_seconds", "priority_updates_total", b"priority_updates_total", "rate_limiter", b"rate_limiter", "redis_used_memory_bytes", b"redis_used_memory_bytes", "sampled_total", b"sampled_total", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "actors_seen", b"actors_seen", "capacity", b"capacity", "env_steps_total", b"env_steps_total", "insert_streams", b"insert_streams", "inserted_total", b"inserted_total", "live_window_seconds", b"live_window_seconds", "pending_insert_bytes", b"pending_insert_bytes", "priority_updates_total", b"priority_updates_total", "rate_limiter", b"rate_limiter", "redis_used_memory_bytes", b"redis_used_memory_bytes", "sampled_total", b"sampled_total", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

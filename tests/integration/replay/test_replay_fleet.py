@@ -203,3 +203,46 @@ def test_a_waiting_insert_is_cancelled_at_once_when_its_caller_stops(replay):
     while r.client.info().rate_limiter.waiting_inserts:  # the server let go of it too
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def test_chunks_waiting_on_the_limiter_are_bounded_in_bytes_not_by_the_fleet(replay):
+    from amprl.replay.testing import atari_spec
+    spec = atari_spec(16)
+    streams = 20
+    probe = make_chunk(spec, 16)
+    chunk_bytes = probe.frames.nbytes
+    budget = 4 * chunk_bytes
+    r = replay(spec, capacity=100_000, min_size_to_sample=32, samples_per_insert=1.0,
+               samples_per_insert_error_buffer=1.0, max_pending_insert_bytes=budget)
+    r.client.insert("seed", [(make_chunk(spec, 32), np.ones(32, np.float32), 32)])
+    prebuilt = requests_of(spec, "actor", 8)
+
+    async def main():
+        stop = asyncio.Event()
+        async with grpc.aio.insecure_channel(r.address) as ch:
+            stub = replay_pb2_grpc.ReplayServiceStub(ch)
+            calls = [asyncio.ensure_future(stub.Insert(forever_requests(prebuilt, stop), timeout=60))
+                     for _ in range(streams)]
+            peak = 0
+            for _ in range(40):  # 2 s of a fleet pushing chunks at a closed limiter
+                info = await stub.Info(replay_pb2.ReplayServiceInfoRequest(), timeout=1)
+                peak = max(peak, info.pending_insert_bytes)
+                await asyncio.sleep(0.05)
+            # Sampling opens the limiter: the held groups are stored and room returns.
+            inserted = info.inserted_total
+            for _ in range(10):
+                await stub.Sample(replay_pb2.SampleRequest(batch_size=32, beta=0.4), timeout=3)
+            after = await stub.Info(replay_pb2.ReplayServiceInfoRequest(), timeout=1)
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            return peak, inserted, after
+
+    peak, inserted, after = asyncio.run(main())
+    # Once over the budget a stream reads at most the one chunk already on its way.
+    assert budget <= peak <= budget + streams * chunk_bytes, (peak, budget, chunk_bytes)
+    assert after.inserted_total > inserted
+    deadline = time.monotonic() + 5
+    while r.client.info().pending_insert_bytes:  # cancelled streams gave their bytes back
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
