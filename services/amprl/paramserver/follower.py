@@ -25,7 +25,6 @@ NOT_SERVING and its pulls and watches answer UNAVAILABLE.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from typing import Callable, NamedTuple
@@ -35,6 +34,7 @@ from torch import nn
 
 from amprl import errors
 from amprl.common import grpcutil
+from amprl.common.backoff import Backoff
 from amprl.paramserver.client import ParameterClient, VersionWatch
 from amprl.paramserver.service import (DEFAULT_MAX_WATCHERS, DEFAULT_MAX_WORKERS, ParameterServer,
                                        create_pull_only_server, set_health)
@@ -47,8 +47,9 @@ DEFAULT_POLL_S = 1.0
 DEFAULT_RETRY_WATCH_S = 30.0
 """How long a follower polls after a refused watch before asking for one again."""
 DEFAULT_BACKOFF_S = (0.5, 10.0)
-"""First and largest wait between failed attempts; each failure doubles it, and every wait
-is drawn uniformly from [half, all] of it, so followers restarted together spread out."""
+"""First and largest window between failed attempts (``amprl.common.backoff``: each failure
+doubles it, each wait is half of it plus jitter, so followers that lost the main server
+together do not come back together)."""
 DEFAULT_PULL_TIMEOUT_S = 30.0
 """Deadline of one pull from the main server (it waits for the connection meanwhile)."""
 
@@ -80,7 +81,6 @@ class Follower:
                                       max_message_bytes=max_message_bytes)
         self.poll_s = poll_s
         self.retry_watch_s = retry_watch_s
-        self.backoff_s = backoff_s
         self.pull_timeout_s = pull_timeout_s
         self.on_ready = on_ready
         self.on_fatal = on_fatal
@@ -89,7 +89,7 @@ class Follower:
         self.pulls = 0
         """Pulls that brought weights (one per version followed, plus one per reconnection)."""
         self._stop = threading.Event()
-        self._delay = backoff_s[0]  # the next wait after a failure
+        self._backoff = Backoff(base_s=backoff_s[0], cap_s=backoff_s[1])
         self._watch: VersionWatch | None = None
         self._thread = threading.Thread(target=self._run, name="ps-follow", daemon=True)
 
@@ -141,12 +141,11 @@ class Follower:
                     grpc.RpcError) as exc:
                 if self._stop.is_set():
                     return
-                wait = random.uniform(self._delay / 2, self._delay)
+                wait = self._backoff.next()
                 log.warning("lost %s (%s): serving version %d meanwhile, retrying in %.1fs",
                             self.main_address, _describe(exc), self.weights.version, wait)
                 resync = True
                 self._stop.wait(wait)
-                self._delay = min(2 * self._delay, self.backoff_s[1])
 
     def _pull(self, whole: bool) -> None:
         """Pulls the main server's weights unless they are the ones held (``whole``: in
@@ -154,7 +153,7 @@ class Follower:
         have = 0 if whole or not self.ready.is_set() else self.weights.version
         version, weights = self.client.pull(have_version=have, encoding="fp32",
                                             timeout=self.pull_timeout_s)
-        self._delay = self.backoff_s[0]
+        self._backoff.reset()
         if weights is None:
             return
         try:
