@@ -103,12 +103,15 @@ def message_limits(max_message_bytes: int) -> list[tuple[str, int]]:
 
 def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str = "0.0.0.0",
                   port: int = 0, max_workers: int = 16,
-                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[grpc.Server, int]:
+                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                  serving: bool = True) -> tuple[grpc.Server, int]:
     """Builds a server hosting the given servicers plus health and reflection.
 
     ``register`` holds ``(add_XServicer_to_server, servicer, full_service_name)`` triples.
     Returns the started server and the bound port (useful with ``port=0``). With
-    AMPRL_TLS_CERT_DIR set the port speaks TLS only, with that folder's key pair.
+    AMPRL_TLS_CERT_DIR set the port speaks TLS only, with that folder's key pair. Health
+    reports every service SERVING from the start, or NOT_SERVING with ``serving=False``
+    (the caller sets it when the server is ready).
     """
     creds = server_credentials()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
@@ -119,8 +122,10 @@ def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str
         names.append(name)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    status = (health_pb2.HealthCheckResponse.SERVING if serving
+              else health_pb2.HealthCheckResponse.NOT_SERVING)
     for name in names + [""]:
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        health_servicer.set(name, status)
     reflection.enable_server_reflection(
         names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME], server)

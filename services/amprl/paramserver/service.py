@@ -437,9 +437,8 @@ def create_pull_only_server(store: VersionedWeights, *, refusal: str,
     face = PullOnlyServicer(servicer, refusal=refusal, ready=ready, not_ready=not_ready)
     server, bound = grpcutil.create_server([(add_to_server, face, SERVICE_NAME)], host=host,
                                            port=port, max_workers=max_workers,
-                                           max_message_bytes=max_message_bytes)
-    if ready is not None and not ready.is_set():
-        set_health(server, serving=False)
+                                           max_message_bytes=max_message_bytes,
+                                           serving=ready is None or ready.is_set())
     return ParameterServer(server, bound, store, servicer)
 
 
