@@ -7,8 +7,9 @@ pulling weights, one learner sampling and pushing (issue 31). Prints ONE JSON ob
 Everything is real and its own OS process on loopback: an embedded Redis, the replay service
 (``python -m amprl.replay --redis-url ...``), the parameter server (``python -m
 amprl.paramserver``, holding configs/pong-apex.yaml's Atari network) and the load generator
-(this script again, with ``--load-generator``): one asyncio process whose grpc.aio clients
-drive hundreds of concurrent calls, each simulated actor on a connection of its own. This
+(this script again, with ``--load-generator``; a new one for each phase): one asyncio
+process whose grpc.aio clients drive hundreds of concurrent calls, each simulated actor on a
+connection of its own. This
 process only starts, waits for and stops the others (by PID and process group, also on
 Ctrl-C, SIGTERM or an error).
 
@@ -195,6 +196,16 @@ def percentile_ms(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)) * 1e3, 1) if values else None
 
 
+def stopping_if_cancelled() -> None:
+    """Inside an ``except``: re-raises when the running task is being cancelled. grpc.aio can
+    report a call cut short by its task's cancellation as an error (CANCELLED) instead of
+    CancelledError, and a client loop that counted it and carried on would outlive its
+    phase and queue ahead of the next phase's clients."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def aio_channel(address: str) -> grpc.aio.Channel:
     # A subchannel pool of its own: one TCP connection per simulated actor, as separate pods
     # have (channels with equal arguments would otherwise share one).
@@ -313,6 +324,7 @@ class Sweep:
                 try:
                     reply = await insert(items, timeout=INSERT_DEADLINE_S)
                 except Exception as exc:  # noqa: BLE001 - counted; the actor carries on
+                    stopping_if_cancelled()
                     code = w.failed("Insert", t0, exc)
                     await asyncio.sleep(backoff.next() if code in RETRY_CODES
                                         else OTHER_ERROR_PAUSE_S)
@@ -351,6 +363,7 @@ class Sweep:
                     if not last:
                         raise RuntimeError(f"pull stream ended before its last message ({nbytes} bytes)")
                 except Exception as exc:  # noqa: BLE001 - counted; the actor carries on
+                    stopping_if_cancelled()
                     code = w.failed("PullParameters", t0, exc)
                     await asyncio.sleep(backoff.next() if code in RETRY_CODES
                                         else OTHER_ERROR_PAUSE_S)
@@ -378,6 +391,7 @@ class Sweep:
                     try:
                         resp = await replay.Sample(request, timeout=SAMPLE_DEADLINE_S)
                     except Exception as exc:  # noqa: BLE001
+                        stopping_if_cancelled()
                         code = w.failed("Sample", t0, exc)
                         await asyncio.sleep(backoff.next() if code in RETRY_CODES
                                             else OTHER_ERROR_PAUSE_S)
@@ -396,6 +410,7 @@ class Sweep:
                                                   timeout=SAMPLE_DEADLINE_S)
                     w.ok("UpdatePriorities", t0)
                 except Exception as exc:  # noqa: BLE001
+                    stopping_if_cancelled()
                     w.failed("UpdatePriorities", t0, exc)
                 finally:
                     priority_slots.release()
@@ -414,6 +429,7 @@ class Sweep:
                         reply = await push(self.push_prefix + paramserver_pb2.PushGradientsRequest(
                             base_version=version).SerializeToString(), timeout=PUSH_DEADLINE_S)
                     except Exception as exc:  # noqa: BLE001
+                        stopping_if_cancelled()
                         code = w.failed("PushGradients", t0, exc)
                         if code == grpc.StatusCode.FAILED_PRECONDITION:  # stale: re-base
                             for key, value in exc.trailing_metadata() or ():
@@ -440,6 +456,7 @@ class Sweep:
                     if reply.status != health_pb2.HealthCheckResponse.SERVING and w.on:
                         w.error("Check NOT_SERVING", f"status {reply.status}")
                 except Exception as exc:  # noqa: BLE001
+                    stopping_if_cancelled()
                     w.failed("Check", t0, exc)
                 await asyncio.sleep(max(0.0, t0 + HEALTH_EVERY_S - time.perf_counter()))
 
@@ -452,6 +469,7 @@ class Sweep:
                     await stub.Info(replay_pb2.ReplayServiceInfoRequest(), timeout=INFO_DEADLINE_S)
                     w.ok("Info", t0)
                 except Exception as exc:  # noqa: BLE001
+                    stopping_if_cancelled()
                     w.failed("Info", t0, exc)
                 await asyncio.sleep(max(0.0, t0 + INFO_EVERY_S - time.perf_counter()))
 
@@ -482,7 +500,9 @@ class Sweep:
         finally:
             for task in tasks:
                 task.cancel()
-            await asyncio.wait(tasks, timeout=10.0)
+            _, lingering = await asyncio.wait(tasks, timeout=10.0)
+        if lingering:  # would load the next phase: say so
+            w.error("client did not stop", f"{len(lingering)} client tasks outlived their phase")
         for task in tasks:  # a client that died of a bug is an error, not a quiet gap
             if task.done() and not task.cancelled() and task.exception() is not None:
                 w.error(f"client {type(task.exception()).__name__}", str(task.exception()))
@@ -527,9 +547,8 @@ class Sweep:
 
     async def run(self) -> None:
         emit({"gradient_bytes_per_push": len(self.push_prefix)})
-        for n in self.plan["fleet_sizes"]:
-            for pullers in (False, True):
-                emit(await self.phase(n, pullers))
+        n, pullers = self.plan["phase"]
+        emit(await self.phase(n, pullers))
 
 
 # -- the Atari shard on its own -------------------------------------------------------------
@@ -640,7 +659,8 @@ def run_load_generator(argv: list[str], plan: dict, workdir: Path, timeout_s: fl
                        ) -> tuple[list[dict], str | None]:
     """Runs this script as the load generator (its own session) for at most ``timeout_s``;
     returns its JSON lines and, when it failed, why."""
-    log_path = workdir / f"load-generator-{plan['role']}.log"
+    phase = "".join(f"-{x}" for x in plan.get("phase", ()))
+    log_path = workdir / f"load-generator-{plan['role']}{phase}.log"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv,
@@ -819,12 +839,23 @@ def main(argv: list[str] | None = None) -> int:
                         wait_for_port(services[0])
                         plan = {"role": "sweep", "replay": replay.address, "replay_pid": replay.proc.pid,
                                 "paramserver": services[0].address, "paramserver_pid": services[0].proc.pid,
-                                "config": str(workdir / "config.yaml"), "fleet_sizes": sizes,
+                                "config": str(workdir / "config.yaml"),
                                 "chunk": chunk, "chunks_per_call": chunks_per_call,
                                 "grad_encoding": grad_encoding, "refresh_steps": refresh,
                                 "parent_pid": os.getpid()}
-                        lines, error = run_load_generator(argv, plan, workdir,
-                                                          120.0 + 2 * len(sizes) * phase_s)
+                        # One load-generator process per phase: its exit closes every
+                        # connection, so no call of a phase outlives it (grpc.aio clients
+                        # that cancel calls and close channels have been seen to leave the
+                        # server holding some, which then queued ahead of the next phase).
+                        lines, errors = [], []
+                        for n in sizes:
+                            for pullers in (False, True):
+                                got, error = run_load_generator(
+                                    argv, {**plan, "phase": [n, pullers]}, workdir, 120.0 + phase_s)
+                                lines += got
+                                if error:
+                                    errors.append(f"N={n} pullers={pullers}: {error}")
+                        error = "; ".join(errors) or None
                     finally:
                         stop_services(services)
                         replay.stop()
