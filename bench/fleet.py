@@ -125,6 +125,7 @@ PULL_DEADLINE_S = 30.0   # the actor's weight thread
 HEALTH_DEADLINE_S = 1.0  # a kubelet probe's timeoutSeconds
 INFO_DEADLINE_S = 2.0
 FINAL_INFO_DEADLINE_S = 3.0
+PHASE_SETUP_S = 15.0  # a phase's client processes import, build requests, then start together
 
 HEALTH_EVERY_S = 0.05
 INFO_EVERY_S = 0.2
@@ -302,8 +303,10 @@ class Sweep:
         self.args = args
         self.plan = plan
         self.rng = random.Random(0)
-        self.bodies = cartpole_bodies(plan["chunk"])
-        self.push_prefix = push_prefix(plan["config"], plan["grad_encoding"], args.batch_size)
+        self.clients = plan["clients"]
+        self.bodies = cartpole_bodies(plan["chunk"]) if "fleet" in self.clients else []
+        self.push_prefix = (push_prefix(plan["config"], plan["grad_encoding"], args.batch_size)
+                            if "learner" in self.clients else b"")
         self.pull_encoding = tensor_pb2.Encoding.Value(f"ENCODING_{args.pull_encoding.upper()}")
         self.priorities = tensor_pb2.Tensor(dtype=tensor_pb2.DTYPE_FLOAT32, shape=[args.batch_size],
                                             data=np.full(args.batch_size, 0.5, np.float32).tobytes())
@@ -483,12 +486,22 @@ class Sweep:
         async with aio_channel(self.plan["paramserver"]) as channel:
             version = (await paramserver_pb2_grpc.ParameterServiceStub(channel).Info(
                 paramserver_pb2.ParameterServiceInfoRequest(), timeout=30.0)).version
-        by_env_steps = pullers and not self.args.pull_interval_s
-        wants = [asyncio.Event() if by_env_steps else None for _ in range(n)]
-        coros = [self.actor(k, w, wants[k]) for k in range(n)]
-        if pullers:
-            coros += [self.puller(k, w, wants[k], version) for k in range(n)]
-        coros += [self.learner(w, version), self.health(w), self.info(w)]
+        coros = []
+        if "fleet" in self.clients:
+            by_env_steps = pullers and not self.args.pull_interval_s
+            wants = [asyncio.Event() if by_env_steps else None for _ in range(n)]
+            coros += [self.actor(k, w, wants[k]) for k in range(n)]
+            if pullers:
+                coros += [self.puller(k, w, wants[k], version) for k in range(n)]
+        if "learner" in self.clients:
+            coros.append(self.learner(w, version))
+        if "probe" in self.clients:
+            coros += [self.health(w), self.info(w)]
+        # The phase's client processes set up at their own pace, then start together.
+        late = time.time() - self.plan["start_at"]
+        if late > 0.5:  # its window would not be the others': say so
+            w.error("client started late", f"{self.clients} ready {late:.1f} s after the common start")
+        await asyncio.sleep(max(0.0, -late))
         tasks = [asyncio.create_task(c) for c in coros]
         try:
             await asyncio.sleep(self.args.warmup_s)
@@ -516,7 +529,7 @@ class Sweep:
         c, lat = w.counts, w.latency_s
         gaps = [b - a for starts in w.pull_starts.values() for a, b in zip(starts, starts[1:])]
         return {
-            "n": n, "pullers": pullers, "seconds": round(seconds, 3),
+            "n": n, "pullers": pullers, "clients": self.clients, "seconds": round(seconds, 3),
             "insert_transitions_per_s": round(c["inserted"] / seconds),
             "sample_transitions_per_s": round(c["sampled"] / seconds),
             "insert_p50_ms": percentile_ms(lat["Insert"], 50),
@@ -546,7 +559,8 @@ class Sweep:
         }
 
     async def run(self) -> None:
-        emit({"gradient_bytes_per_push": len(self.push_prefix)})
+        if "learner" in self.clients:
+            emit({"gradient_bytes_per_push": len(self.push_prefix)})
         n, pullers = self.plan["phase"]
         emit(await self.phase(n, pullers))
 
@@ -655,36 +669,74 @@ async def load_generator(args, plan: dict) -> None:
 
 # -- the bench's main process: services, the load generator, the report -----------------------
 
-def run_load_generator(argv: list[str], plan: dict, workdir: Path, timeout_s: float
-                       ) -> tuple[list[dict], str | None]:
-    """Runs this script as the load generator (its own session) for at most ``timeout_s``;
-    returns its JSON lines and, when it failed, why."""
-    phase = "".join(f"-{x}" for x in plan.get("phase", ()))
-    log_path = workdir / f"load-generator-{plan['role']}{phase}.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv,
-                                 "--load-generator", json.dumps(plan)],
-                                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-    error = None
+def run_load_generators(argv: list[str], plans: list[dict], workdir: Path, timeout_s: float
+                        ) -> tuple[list[dict], str | None]:
+    """Runs this script once per plan as load-generator processes (each its own session), all
+    at once, for at most ``timeout_s``; returns their JSON lines and, when one failed, why."""
+    procs = []
     try:
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-            if proc.returncode != 0:
-                error = f"load generator exited with {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            error = f"load generator killed after {timeout_s:.0f} s"
+        for plan in plans:
+            tag = "".join(f"-{x}" for x in plan.get("phase", ())) + "".join(
+                f"-{c}" for c in plan.get("clients", ()))
+            log_path = workdir / f"load-generator-{plan['role']}{tag}.log"
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+            with open(log_path, "wb") as log:
+                procs.append((log_path, subprocess.Popen(
+                    [sys.executable, str(Path(__file__).resolve()), *argv,
+                     "--load-generator", json.dumps(plan)],
+                    stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env,
+                    start_new_session=True)))
+        deadline = time.monotonic() + timeout_s
+        lines, errors = [], []
+        for log_path, proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                error = f"load generator exited with {proc.returncode}" if proc.returncode else None
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, _ = proc.communicate()
+                error = f"load generator killed after {timeout_s:.0f} s"
+            lines += [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+            if error:
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
+                print(f"bench/fleet.py: {error}; {log_path.name} ends:\n" + "\n".join(tail),
+                      file=sys.stderr)
+                errors.append(f"{log_path.stem}: {error}")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if error:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-        print(f"bench/fleet.py: {error}; its log ends:\n" + "\n".join(tail), file=sys.stderr)
-    return [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")], error
+        for _, proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return lines, "; ".join(errors) or None
+
+
+_OWNER = {
+    # which client process measures what (the rest: the fleet's)
+    "health_p99_ms": "probe", "info_p99_ms": "probe", "health_checks": "probe",
+    "replay_rss_mb": "probe", "redis_used_mb": "probe", "replay_size": "probe",
+    "sample_transitions_per_s": "learner", "sample_p99_ms": "learner", "updates": "learner",
+    "learner_updates_per_s": "learner", "push_p50_ms": "learner",
+    "update_priorities_p99_ms": "learner",
+}
+_SUMMED = ("resource_exhausted", "insert_deadline_exceeded", "errors_other", "load_generator_cpu_cores")
+
+
+def merge_phase(records: list[dict]) -> dict:
+    """One phase's record from its client processes' records (same N and pullers)."""
+    by_role = {r["clients"][0]: r for r in records}
+    merged = dict(by_role.get("fleet") or records[0])
+    for key, role in _OWNER.items():
+        if role in by_role:
+            merged[key] = by_role[role].get(key)
+    for key in _SUMMED:
+        merged[key] = sum(r.get(key) or 0 for r in records)
+    errors: dict = {}
+    for r in records:
+        for code, e in (r.get("errors_by_code") or {}).items():
+            errors.setdefault(code, {"count": 0, "first": e["first"]})["count"] += e["count"]
+    merged["errors_by_code"] = errors
+    merged.pop("clients", None)
+    return merged
 
 
 def sweep_report(phases: list[dict], sizes: list[int]) -> dict:
@@ -813,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         plan = {"role": "atari", "replay": replay.address, "replay_pid": replay.proc.pid,
                                 "chunk": pong.actor.chunk_transitions, "parent_pid": os.getpid()}
-                        lines, error = run_load_generator(argv, plan, workdir,
+                        lines, error = run_load_generators(argv, [plan], workdir,
                                                           120.0 + args.atari_transitions / 500 + phase_s)
                     finally:
                         replay.stop()
@@ -847,12 +899,26 @@ def main(argv: list[str] | None = None) -> int:
                         # connection, so no call of a phase outlives it (grpc.aio clients
                         # that cancel calls and close channels have been seen to leave the
                         # server holding some, which then queued ahead of the next phase).
+                        # Per phase, three client processes (a load generator process per
+                        # phase: its exit closes every connection, so no call of a phase
+                        # outlives it; grpc.aio clients that cancelled their calls and closed
+                        # their channels have been seen to leave the server holding some):
+                        # the fleet (actors, pullers), the learner, and the probe (health,
+                        # Info), each on its own event loop as a real learner and a kubelet
+                        # are, so that one's backlog never shows up in another's timings.
                         lines, errors = [], []
                         for n in sizes:
                             for pullers in (False, True):
-                                got, error = run_load_generator(
-                                    argv, {**plan, "phase": [n, pullers]}, workdir, 120.0 + phase_s)
-                                lines += got
+                                start_at = time.time() + PHASE_SETUP_S
+                                got, error = run_load_generators(
+                                    argv, [{**plan, "phase": [n, pullers], "clients": [c],
+                                            "start_at": start_at}
+                                           for c in ("fleet", "learner", "probe")],
+                                    workdir, 120.0 + PHASE_SETUP_S + phase_s)
+                                phase_records = [r for r in got if "n" in r]
+                                if phase_records:
+                                    lines.append(merge_phase(phase_records))
+                                lines += [r for r in got if "n" not in r]
                                 if error:
                                     errors.append(f"N={n} pullers={pullers}: {error}")
                         error = "; ".join(errors) or None
