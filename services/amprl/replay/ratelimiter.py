@@ -116,13 +116,16 @@ class RateLimiter:
     def sample_wait_seconds(self) -> float:
         return self._samples.wait_seconds
 
-    def insert(self, n: int, timeout: float | None) -> AsyncContextManager[None]:
+    def insert(self, n: int, timeout: float | None, *,
+               continuing: bool = False) -> AsyncContextManager[None]:
         """Waits (up to ``timeout`` seconds; None = no limit) until an insert of ``n``
         transitions may proceed, then runs the body; counts the insert when the body
-        succeeds."""
+        succeeds. ``continuing``: the rest of a call that has already had its turn (its
+        first group was stored) waits at the head of the queue, not at the tail, so one
+        call's chunks never queue twice behind the whole fleet."""
         return self._admitted(self._inserts, n, timeout, self.can_insert, lambda waited: (
             f"insert: waited {waited:.2f}s for samples; samples_per_insert diff "
-            f"{self.diff:.1f} > max {self.max_diff:.1f}"))
+            f"{self.diff:.1f} > max {self.max_diff:.1f}"), front=continuing)
 
     def sample(self, n: int, timeout: float | None) -> AsyncContextManager[None]:
         """Waits (up to ``timeout``) until a sample of ``n`` may proceed, then runs the
@@ -134,9 +137,9 @@ class RateLimiter:
 
     @contextlib.asynccontextmanager
     async def _admitted(self, queue: _Queue, n: int, timeout: float | None,
-                        ready: Callable[[int], bool],
-                        message: Callable[[float], str]) -> AsyncIterator[None]:
-        await self._admit(queue, n, timeout, ready, message)
+                        ready: Callable[[int], bool], message: Callable[[float], str],
+                        front: bool = False) -> AsyncIterator[None]:
+        await self._admit(queue, n, timeout, ready, message, front)
         done = False
         try:
             yield
@@ -155,14 +158,19 @@ class RateLimiter:
         self._pump()
 
     async def _admit(self, queue: _Queue, n: int, timeout: float | None,
-                     ready: Callable[[int], bool], message: Callable[[float], str]) -> None:
-        # FIFO: a call that finds others waiting queues behind them even if it could go.
-        if not queue.waiters and ready(self.size()):
+                     ready: Callable[[int], bool], message: Callable[[float], str],
+                     front: bool = False) -> None:
+        # FIFO: a call that finds others waiting queues behind them even if it could go
+        # (one at the ``front`` goes ahead of them).
+        if (front or not queue.waiters) and ready(self.size()):
             queue.pending += n
             return
         future = asyncio.get_running_loop().create_future()
         entry = (n, future)
-        queue.waiters.append(entry)
+        if front:
+            queue.waiters.appendleft(entry)
+        else:
+            queue.waiters.append(entry)
         start = time.monotonic()
         try:
             async with asyncio.timeout(timeout):

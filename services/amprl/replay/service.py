@@ -188,7 +188,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 good = items if bad is None else items[:bad[0]]
                 if good:
                     n = t if bad is None else sum(len(c) for c, _, _ in good)
-                    async with self.limiter.insert(n, _deadline(context)):
+                    async with self.limiter.insert(n, _deadline(context),
+                                                   continuing=stored_chunks > 0):
                         await self._run(self._insert_pool, table.insert_many, good)
                     self.actors.saw(actor_id)
                     stored_chunks += len(good)

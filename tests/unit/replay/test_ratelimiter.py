@@ -172,3 +172,28 @@ def test_a_failed_body_counts_nothing():
 def test_bad_settings_are_rejected(kwargs):
     with pytest.raises(ValueError):
         limiter(**kwargs)
+
+
+def test_the_rest_of_a_call_that_had_its_turn_waits_at_the_head_of_the_queue():
+    # r = 1, m = 1, b = 10: one insert of 5 may start at diff <= 11.
+    rl = limiter(spi=1.0, min_size=1, buffer=10.0, size=[100])
+    rl.inserted, rl.sampled = 100, 84  # diff 16: nobody may start
+    order = []
+
+    async def insert(name, continuing=False):
+        async with rl.insert(5, timeout=5, continuing=continuing):
+            order.append(name)
+
+    async def main():
+        waiting = [asyncio.create_task(insert(f"new-{k}")) for k in range(3)]
+        await asyncio.sleep(0.02)
+        rest = asyncio.create_task(insert("rest-of-a-call", continuing=True))
+        await asyncio.sleep(0.02)
+        assert rl.waiting_inserts == 4
+        for _ in range(4):
+            await _sample(rl, 5)
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(asyncio.gather(*waiting, rest), 2)
+
+    run(main())
+    assert order == ["rest-of-a-call", "new-0", "new-1", "new-2"]
