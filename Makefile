@@ -38,6 +38,7 @@ test-fast: install
 
 bench: install
 	$(PY) bench/replay.py
+	$(PY) bench/fleet.py
 	$(PY) bench/compression.py
 	$(PY) bench/learner.py
 	$(PY) bench/cartpole.py --seeds 3

@@ -188,12 +188,23 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 good = items if bad is None else items[:bad[0]]
                 if good:
                     n = t if bad is None else sum(len(c) for c, _, _ in good)
+                    gone = False
                     async with self.limiter.insert(n, _deadline(context),
                                                    continuing=stored_chunks > 0):
-                        await self._run(self._insert_pool, table.insert_many, good)
+                        # Once admitted, the group is stored even if the caller goes away
+                        # (the worker thread cannot be stopped), and counted as stored.
+                        work = asyncio.ensure_future(
+                            self._run(self._insert_pool, table.insert_many, good))
+                        try:
+                            await asyncio.shield(work)
+                        except asyncio.CancelledError:
+                            gone = True
+                            await work
                     self.actors.saw(actor_id)
                     stored_chunks += len(good)
                     stored += n
+                    if gone:
+                        raise asyncio.CancelledError
             finally:
                 self._release(nbytes)
             if bad is not None:

@@ -17,6 +17,7 @@ import time
 import grpc
 import numpy as np
 import pytest
+import redis as redis_lib
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amprl import errors
@@ -246,3 +247,27 @@ def test_chunks_waiting_on_the_limiter_are_bounded_in_bytes_not_by_the_fleet(rep
     while r.client.info().pending_insert_bytes:  # cancelled streams gave their bytes back
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def test_an_admitted_insert_whose_actor_goes_away_is_stored_and_counted_by_the_limiter(
+        replay, embedded_redis):
+    spec = vector_spec()
+    r = replay(spec, capacity=1000, samples_per_insert=0.0)
+    admin = redis_lib.Redis.from_url(embedded_redis.url)
+    try:
+        # Redis holds writes for 1 s: the insert is admitted and its worker waits in Redis
+        # while the actor cancels its call.
+        admin.execute_command("CLIENT", "PAUSE", 1000, "WRITE")
+        call = r.client._stub.Insert.future(iter(requests_of(spec, "actor-gone", 1)), timeout=30)
+        time.sleep(0.3)
+        call.cancel()
+        deadline = time.monotonic() + 10
+        while r.table.inserted_total < 16:
+            assert time.monotonic() < deadline, "the admitted group was not stored"
+            time.sleep(0.05)
+        while r.servicer.limiter.inserted < 16:  # counted once its worker finished
+            assert time.monotonic() < deadline, "the stored group was not counted"
+            time.sleep(0.05)
+        assert r.servicer.limiter.inserted == r.table.inserted_total == 16
+    finally:
+        admin.close()
