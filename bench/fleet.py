@@ -198,10 +198,10 @@ def percentile_ms(values: list[float], q: float) -> float | None:
 
 
 def stopping_if_cancelled() -> None:
-    """Inside an ``except``: re-raises when the running task is being cancelled. grpc.aio can
-    report a call cut short by its task's cancellation as an error (CANCELLED) instead of
-    CancelledError, and a client loop that counted it and carried on would outlive its
-    phase and queue ahead of the next phase's clients."""
+    """Inside an ``except Exception``: re-raises when the running task is being cancelled, so
+    that a client loop never counts a call cut short by its own cancellation (should the
+    library report it as an error rather than CancelledError) and carries on past its
+    phase."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
@@ -899,13 +899,11 @@ def main(argv: list[str] | None = None) -> int:
                         # connection, so no call of a phase outlives it (grpc.aio clients
                         # that cancel calls and close channels have been seen to leave the
                         # server holding some, which then queued ahead of the next phase).
-                        # Per phase, three client processes (a load generator process per
-                        # phase: its exit closes every connection, so no call of a phase
-                        # outlives it; grpc.aio clients that cancelled their calls and closed
-                        # their channels have been seen to leave the server holding some):
-                        # the fleet (actors, pullers), the learner, and the probe (health,
-                        # Info), each on its own event loop as a real learner and a kubelet
-                        # are, so that one's backlog never shows up in another's timings.
+                        # Per phase, three client processes: the fleet (actors, pullers), the
+                        # learner, and the probe (health, Info), each on its own event loop as
+                        # a real learner and a kubelet are, so that one's backlog never shows
+                        # up in another's timings; and new ones each phase, whose exit closes
+                        # every connection, so no call of a phase can outlive it.
                         lines, errors = [], []
                         for n in sizes:
                             for pullers in (False, True):
