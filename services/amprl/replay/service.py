@@ -113,6 +113,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         self._sample_pool = ThreadPoolExecutor(2, thread_name_prefix="replay-sample")
         self._info_pool = ThreadPoolExecutor(1, thread_name_prefix="replay-info")
         self._refresher: asyncio.Task | None = None
+        self._redis_server: str | None = None  # Redis's run id when last seen
 
     # -- life cycle (on the loop) ---------------------------------------------------------
 
@@ -135,11 +136,20 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             await self._refresh_redis_memory()
 
     async def _refresh_redis_memory(self) -> None:
+        """Reads Redis's memory figure and its run id; a new run id means Redis restarted,
+        possibly without its last writes, and the table is reconciled with what it holds."""
+        storage = self.table.storage
         try:
-            self.redis_used_memory_bytes = await self._run(self._info_pool,
-                                                           self.table.storage.used_memory)
+            self.redis_used_memory_bytes = await self._run(self._info_pool, storage.used_memory)
+            server = await self._run(self._info_pool, storage.server_id)
+            if self._redis_server is not None and server != self._redis_server:
+                log.warning("Redis restarted (run id %s, was %s): reconciling the index",
+                            server, self._redis_server)
+                await self._run(self._insert_pool, self.table.reconcile)
+                self.limiter.notify()
+            self._redis_server = server
         except errors.Unavailable as exc:
-            log.warning("cannot read Redis memory: %s", exc)
+            log.warning("cannot read Redis's state: %s", exc)
 
     @staticmethod
     async def _run(pool: ThreadPoolExecutor, fn, *args):
@@ -355,7 +365,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             live_window_seconds=self.actors.live_window_s,
             redis_used_memory_bytes=self.redis_used_memory_bytes,
             total_priority=i["total_priority"], insert_streams=self.insert_streams,
-            pending_insert_bytes=self.pending_insert_bytes)
+            pending_insert_bytes=self.pending_insert_bytes, missing_transitions=i["missing"])
 
 
 class ReplayServer(NamedTuple):

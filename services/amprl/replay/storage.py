@@ -232,6 +232,26 @@ class ReplayStorage:
         """The chunks' concatenated encoded frames (None for a chunk that is gone)."""
         return self._hget_many(chunk_ids, "frames")
 
+    def chunks_exist(self, chunk_ids: Sequence[int]) -> list[bool]:
+        """Whether Redis holds each chunk's meta (pipelined, _LOAD_BATCH per round trip)."""
+        out: list[bool] = []
+        try:
+            for i in range(0, len(chunk_ids), _LOAD_BATCH):
+                pipe = self.redis.pipeline(transaction=False)
+                for cid in chunk_ids[i:i + _LOAD_BATCH]:
+                    pipe.hexists(self.chunk_key(cid), "meta")
+                out.extend(bool(x) for x in pipe.execute())
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+        return out
+
+    def server_id(self) -> str:
+        """The Redis server's run id: a new one after every restart of the server."""
+        try:
+            return str(self.redis.info("server")["run_id"])
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+
     def used_memory(self) -> int:
         try:
             return int(self.redis.info("memory")["used_memory"])

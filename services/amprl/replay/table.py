@@ -20,6 +20,13 @@ w_i = (N * P(i))^-beta / max_j w_j, and max_j w_j belongs to the smallest priori
 table, so w_i = (p_i^alpha / min_j p_j^alpha)^-beta (<= 1). The min-tree beside the sum-tree
 gives min_j in O(1).
 
+*Lost chunks.* Redis can come back from a crash without its last writes (AOF ``everysec``
+loses up to a second). A table that opens on such data, or that sees Redis restart under
+it (``reconcile``), keeps every chunk Redis still holds and marks the keys of the chunks it
+lacks *missing*: they stay inside ``[oldest_key, next_key)`` but are never sampled,
+updated or counted in ``size``, and they age out with FIFO eviction like any other key.
+``missing`` counts them; nothing stops the table from opening.
+
 *Storage.* Redis holds the truth (see ``storage.py``); memory holds the index (keys, frame
 ids, actions, rewards, discounts, priorities per slot, the sum-tree) and a cache of the
 encoded frames. Vector frames (CartPole, MuJoCo) are kept whole in one NumPy array when it
@@ -47,7 +54,7 @@ import numpy as np
 
 from amprl.config import ReplayConfig
 from amprl.envs.spec import EnvSpec
-from amprl.errors import FailedPrecondition, InvalidArgument
+from amprl.errors import FailedPrecondition, InvalidArgument, Unavailable
 from amprl.replay.storage import ChunkMeta, ReplayStorage
 from amprl.replay.sumtree import SumTree
 from amprl.wire.transitions import Chunk
@@ -174,6 +181,9 @@ class ReplayTable:
         self._offsets: dict[int, np.ndarray] = {}  # chunk id -> frame offsets in its blob
 
         self.next_key = self.oldest_key = 0
+        self.missing = 0
+        """Keys in [oldest_key, next_key) whose chunk Redis lost (never sampled)."""
+        self._lost: set[int] = set()  # live chunk ids whose data Redis lost
         self.next_chunk = self.oldest_chunk = 0
         self.next_frame = 0
         self.inserted_total = self.env_steps_total = 0
@@ -203,20 +213,52 @@ class ReplayTable:
         self.priority_updates_total = c["priority_updates_total"]
         cids = list(range(self.oldest_chunk, self.next_chunk))
         metas = self.storage.load_metas(cids)
+        # A run of chunks Redis lacks becomes one lost span: it starts where the chunk
+        # before it ended and ends where the chunk after it starts (chunks are consecutive
+        # in keys and frames).
+        gap: list[int] = []
+        key_end, frame_end = self.oldest_key, None
         for cid, meta in zip(cids, metas):
             if meta is None:
-                raise FailedPrecondition(f"Redis lacks chunk {cid} of live chunks "
-                                         f"[{self.oldest_chunk}, {self.next_chunk})")
+                gap.append(cid)
+                continue
+            if gap:
+                self._index_lost(gap, key_end, meta.first_key, frame_end, meta.frame_base)
+                gap = []
             self._index_chunk(meta)
+            key_end = meta.first_key + meta.num_transitions
+            frame_end = meta.frame_base + meta.num_frames
+        if gap:
+            self._index_lost(gap, key_end, self.next_key, frame_end, self.next_frame)
+        present = [cid for cid in cids if cid not in self._lost]
         stored_p = self.storage.load_priorities(self.capacity)
         live = self.slot_key >= 0
         self.priorities[live] = stored_p[live]
         self.tree.rebuild(np.where(live, self.priorities.astype(np.float64) ** self.alpha, 0.0))
-        if self.dense and cids:
-            for cid, blob in zip(cids, self.storage.load_frames(cids)):
+        if self.dense and present:
+            for cid, blob in zip(present, self.storage.load_frames(present)):
                 self._cache_frames(cid, self._split_blob(cid, blob))
+        if self.missing:
+            log.warning("Redis lacks %d of the %d live chunks (%d transitions): they are dropped "
+                        "from the index and counted as missing (Redis lost its last writes?)",
+                        len(self._lost), len(cids), self.missing)
         log.info("replay table rebuilt from Redis: %d transitions in %d chunks (keys %d..%d)",
                  self.size, len(self.chunks), self.oldest_key, self.next_key)
+
+    def _index_lost(self, cids: list[int], key_start: int, key_end: int,
+                    frame_start: int | None, frame_end: int) -> None:
+        """Index entries for consecutive lost chunks ``cids`` spanning keys
+        [key_start, key_end) and frames [frame_start, frame_end): the first entry carries
+        the span, the others are empty, so live chunk ids stay consecutive."""
+        key_start = max(key_start, self.oldest_key)
+        if frame_start is None:  # the span opens the table: its frames start where they may
+            frame_start = frame_end
+        self.chunks.append((cids[0], key_start, key_end - key_start, frame_start,
+                            frame_end - frame_start))
+        for cid in cids[1:]:
+            self.chunks.append((cid, key_end, 0, frame_end, 0))
+        self._lost.update(cids)
+        self.missing += key_end - key_start
 
     def _index_chunk(self, meta: ChunkMeta) -> None:
         t = meta.num_transitions
@@ -283,7 +325,8 @@ class ReplayTable:
 
     @property
     def size(self) -> int:
-        return self.next_key - self.oldest_key
+        """Transitions stored (live keys, less the missing ones)."""
+        return self.next_key - self.oldest_key - self.missing
 
     def _counters(self, **override: int) -> dict[str, int]:
         c = {"next_key": self.next_key, "oldest_key": self.oldest_key,
@@ -397,6 +440,8 @@ class ReplayTable:
 
             # Redis holds it: now memory.
             evicted = np.arange(self.oldest_key, new_oldest, dtype=np.int64)
+            if self.missing:
+                self.missing -= int((self.slot_key[evicted % self.capacity] != evicted).sum())
             evicted = evicted[evicted + self.capacity >= end_key]  # not overwritten below
             ev_slots = evicted % self.capacity
             self.slot_key[ev_slots] = -1
@@ -405,6 +450,7 @@ class ReplayTable:
                 self._uncache(c_id)
                 self.chunks.popleft()
                 self._offsets.pop(c_id, None)
+                self._lost.discard(c_id)
             self.slot_key[slots] = first + np.arange(t, dtype=np.int64)
             self.obs_fid[slots] = fbase + chunk.obs_idx
             self.next_fid[slots] = fbase + chunk.next_obs_idx
@@ -489,7 +535,9 @@ class ReplayTable:
             fetched = {}
             for cid, blob in zip(cids, self.storage.load_frames(cids)):
                 if blob is None:
-                    raise FailedPrecondition(f"Redis lost the frames of live chunk {cid}")
+                    raise Unavailable(f"Redis lost the frames of live chunk {cid} (it restarted "
+                                      f"without its last writes?); replay reconciles its index "
+                                      f"within a second: retry")
                 fetched[cid] = self._split_blob(cid, blob)
                 self._cache_frames(cid, fetched[cid])
             for i in missing.tolist():
@@ -511,8 +559,8 @@ class ReplayTable:
             if bad.any():
                 raise InvalidArgument(f"keys: key {int(keys[bad][0])} was never issued "
                                       f"(issued keys are [0, {self.next_key}))")
-            live = keys >= self.oldest_key
-            n_evicted = int((~live).sum())
+            live = (keys >= self.oldest_key) & (self.slot_key[keys % self.capacity] == keys)
+            n_evicted = int((~live).sum())  # evicted, or missing (lost by Redis)
             keys, priorities = keys[live], priorities[live]
             # Last value wins for a key given twice.
             rev_unique, rev_first = np.unique(keys[::-1], return_index=True)
@@ -534,6 +582,9 @@ class ReplayTable:
         with self.lock:
             if keys.size and (keys.min() < self.oldest_key or keys.max() >= self.next_key):
                 raise InvalidArgument(f"keys outside the live range [{self.oldest_key}, {self.next_key})")
+            lost = self.slot_key[keys % self.capacity] != keys
+            if lost.any():
+                raise InvalidArgument(f"key {int(keys[lost][0])} is missing: Redis lost its chunk")
             slots = keys % self.capacity
             fids = np.concatenate([self.obs_fid[slots], self.next_fid[slots]], axis=1)
             if self.dense:
@@ -554,6 +605,34 @@ class ReplayTable:
             blob = lz4.block.decompress(blob, uncompressed_size=self.frame_nbytes)
         return np.frombuffer(blob, dtype=self.frame_dtype).reshape(self.frame_shape)
 
+    def reconcile(self) -> int:
+        """Checks that Redis still holds every live chunk (after it restarted, possibly
+        without its last writes) and marks the keys of those it lacks missing; writes the
+        layout again if Redis lost it. Returns the transitions newly missing."""
+        with self.lock:
+            if self.storage.load_layout() is None:
+                self.storage.write_layout(_layout(self.spec, self.capacity, self.compression))
+            held = [e for e in self.chunks if e[2] > 0 and e[0] not in self._lost]
+            exists = self.storage.chunks_exist([e[0] for e in held])
+            newly = 0
+            for (cid, first, t, _, _), ok in zip(held, exists):
+                if ok:
+                    continue
+                keys = np.arange(max(first, self.oldest_key), first + t, dtype=np.int64)
+                slots = keys % self.capacity
+                self.slot_key[slots] = -1
+                self.priorities[slots] = 0
+                self.tree.update(slots, np.zeros(slots.size))
+                self._uncache(cid)
+                self._offsets.pop(cid, None)
+                self._lost.add(cid)
+                newly += int(keys.size)
+            self.missing += newly
+        if newly:
+            log.warning("Redis lacks %d transitions of live chunks (it restarted without its "
+                        "last writes?): marked missing; %d remain", newly, self.size)
+        return newly
+
     def info(self) -> dict:
         """Sizes and counters, read without the lock: a worker may hold it through a Redis
         round trip, and Info and health must answer at once. Each value is read whole;
@@ -565,5 +644,5 @@ class ReplayTable:
             "priority_updates_total": self.priority_updates_total,
             "total_priority": self.tree.total,
             "oldest_key": self.oldest_key, "next_key": self.next_key,
-            "cache_bytes": self.cache_bytes,
+            "cache_bytes": self.cache_bytes, "missing": self.missing,
         }

@@ -377,6 +377,7 @@ class ReplayServiceInfoResponse(_message.Message):
     TOTAL_PRIORITY_FIELD_NUMBER: _builtins.int
     INSERT_STREAMS_FIELD_NUMBER: _builtins.int
     PENDING_INSERT_BYTES_FIELD_NUMBER: _builtins.int
+    MISSING_TRANSITIONS_FIELD_NUMBER: _builtins.int
     size: _builtins.int
     """Transitions stored now."""
     capacity: _builtins.int
@@ -405,6 +406,10 @@ class ReplayServiceInfoResponse(_message.Message):
     """Frame bytes of received chunks not yet stored: groups being read or waiting on the rate
     limiter (streams stop reading at replay.max_pending_insert_bytes).
     """
+    missing_transitions: _builtins.int
+    """Keys of the live range whose chunks Redis lost (it came back without its last writes):
+    never sampled, not counted in size, aged out by FIFO eviction.
+    """
     @_builtins.property
     def rate_limiter(self) -> Global___RateLimiterInfo:
         """Rate limiter settings and state."""
@@ -426,10 +431,11 @@ class ReplayServiceInfoResponse(_message.Message):
         total_priority: _builtins.float = ...,
         insert_streams: _builtins.int = ...,
         pending_insert_bytes: _builtins.int = ...,
+        missing_transitions: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rate_limiter", b"rate_limiter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "actors_seen", b"actors_seen", "capacity", b"capacity", "env_steps_total", b"env_steps_total", "insert_streams", b"insert_streams", "inserted_total", b"inserted_total", "live_window_seconds", b"live_window_seconds", "pending_insert_bytes", b"pending_insert_bytes", "priority_updates_total", b"priority_updates_total", "rate_limiter", b"rate_limiter", "redis_used_memory_bytes", b"redis_used_memory_bytes", "sampled_total", b"sampled_total", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "actors_seen", b"actors_seen", "capacity", b"capacity", "env_steps_total", b"env_steps_total", "insert_streams", b"insert_streams", "inserted_total", b"inserted_total", "live_window_seconds", b"live_window_seconds", "missing_transitions", b"missing_transitions", "pending_insert_bytes", b"pending_insert_bytes", "priority_updates_total", b"priority_updates_total", "rate_limiter", b"rate_limiter", "redis_used_memory_bytes", b"redis_used_memory_bytes", "sampled_total", b"sampled_total", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

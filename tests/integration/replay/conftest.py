@@ -29,17 +29,18 @@ _prefixes = itertools.count()
 @pytest.fixture
 def replay(embedded_redis):
     """``replay(spec, **replay_config)`` starts a replay server on 127.0.0.1 against the
-    test's Redis and returns (address, client, table, server, prefix); everything started
+    test's Redis (or ``redis_url=``) and returns (address, client, table, server, prefix); everything started
     is stopped at teardown."""
     started = []
 
-    def start(spec, *, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, prefix=None, **overrides):
+    def start(spec, *, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, prefix=None, redis_url=None,
+              **overrides):
         cfg = ExperimentConfig()
         cfg.replay.min_size_to_sample = 1
         for key, value in overrides.items():
             setattr(cfg.replay, key, value)
         prefix = prefix or f"test:{next(_prefixes)}"
-        rs = create_server(cfg, spec, embedded_redis.url, "127.0.0.1", 0,
+        rs = create_server(cfg, spec, redis_url or embedded_redis.url, "127.0.0.1", 0,
                            max_message_bytes=max_message_bytes, prefix=prefix, seed=0)
         address = f"127.0.0.1:{rs.port}"
         client = ReplayClient(address)

@@ -64,6 +64,12 @@ class MemoryStorage:
         self.frame_loads += len(chunk_ids)
         return [self.chunks[c][1] if c in self.chunks else None for c in chunk_ids]
 
+    def chunks_exist(self, chunk_ids):
+        return [c in self.chunks for c in chunk_ids]
+
+    def server_id(self):
+        return "memory"
+
     def used_memory(self):
         return sum(len(m) + len(f) for m, f in self.chunks.values())
 

@@ -207,3 +207,60 @@ def test_info_counts(storage):
     i = t.info()
     assert (i["size"], i["inserted_total"], i["sampled_total"], i["priority_updates_total"]) \
         == (10, 10, 4, 1)
+
+
+# -- chunks Redis lost -------------------------------------------------------------------
+
+def _never_sampled(t, keys, draws=40):
+    for _ in range(draws):
+        drawn = t.sample(16, 0.4).keys
+        assert not set(drawn.tolist()) & set(keys), "a missing key was sampled"
+
+
+def test_a_table_opens_on_data_missing_chunks_in_the_middle_and_skips_them(storage):
+    t = table(storage)
+    for i in range(10):
+        insert(t, 5, base=10 * i, seed=i)  # chunk i holds keys 5i .. 5i+4
+    del storage.chunks[3], storage.chunks[4]  # Redis came back without them
+    again = table(storage)
+    assert (again.size, again.missing, again.oldest_key, again.next_key) == (40, 10, 0, 50)
+    _never_sampled(again, range(15, 25))
+    assert again.update_priorities(np.array([16, 30], np.int64), np.array([5.0, 5.0], np.float32)) == (1, 1)
+    with pytest.raises(InvalidArgument, match="missing"):
+        again.get(np.array([17]))
+    np.testing.assert_array_equal(again.get(np.array([25]))["rewards"], [50.0])
+    # FIFO eviction ages the hole out: 60 more keys (capacity 100) evict keys 0..9, 15 more
+    # the lost 15..24 with them
+    for i in range(12):
+        insert(again, 5, base=100 + 10 * i, seed=20 + i)
+    assert (again.size, again.missing, again.oldest_key) == (90, 10, 10)
+    for i in range(3):
+        insert(again, 5, base=300 + 10 * i, seed=40 + i)
+    assert (again.size, again.missing, again.oldest_key) == (100, 0, 25)
+    assert len(again.get(np.arange(25, 125))["rewards"]) == 100
+
+
+def test_a_lost_tail_behind_counters_written_later_is_missing_not_fatal(storage):
+    t = table(storage)
+    for i in range(6):
+        insert(t, 5, seed=i)
+    t.update_priorities(np.array([1], np.int64), np.array([2.0], np.float32))  # counters again
+    del storage.chunks[4], storage.chunks[5]
+    again = table(storage)
+    assert (again.size, again.missing, again.next_key) == (20, 10, 30)
+    assert insert(again, 5)[0] == 30  # keys go on after the lost ones
+    _never_sampled(again, range(20, 30))
+
+
+def test_reconcile_marks_chunks_redis_lost_under_a_running_table(storage):
+    t = table(storage)
+    for i in range(6):
+        insert(t, 5, seed=i)
+    del storage.chunks[2]
+    storage.layout = None  # Redis came back empty of it too
+    assert t.reconcile() == 5 and t.reconcile() == 0
+    assert (t.size, t.missing) == (25, 5) and storage.layout is not None
+    _never_sampled(t, range(10, 15))
+    insert(t, 5)
+    again = table(storage)
+    assert (again.size, again.missing) == (30, 5)
