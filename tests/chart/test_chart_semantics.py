@@ -129,10 +129,17 @@ def test_every_server_listens_on_the_port_its_service_and_probes_name(rendered, 
             assert int(env["AMPRL_PULL_PORT"]) == ports["grpc-pull"] != ports["grpc"]
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             spec = container[probe]
+            # startup and liveness ask "liveness" (SERVING while the server answers);
+            # readiness asks "" (the whole server, following its dependencies)
+            service = "" if probe == "readinessProbe" else "liveness"
             if "grpc" in spec:
                 assert spec["grpc"]["port"] == ports["grpc"], (doc["metadata"]["name"], probe)
+                assert spec["grpc"].get("service", "") == service, (doc["metadata"]["name"], probe)
             else:
-                assert spec["exec"]["command"][-1] == str(ports["grpc"]), (doc["metadata"]["name"], probe)
+                command = spec["exec"]["command"]
+                assert command[-1] == str(ports["grpc"]), (doc["metadata"]["name"], probe)
+                asked = command[command.index("--service") + 1] if "--service" in command else ""
+                assert asked == service, (doc["metadata"]["name"], probe)
 
 
 UNMANAGED = (KUBE_DNS, INTRUDER, OUTSIDER)

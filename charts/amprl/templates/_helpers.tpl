@@ -197,27 +197,33 @@ Probes of an AMP-RL container on its health service; call with (dict "ctx" $ "po
 "startupSeconds" S). Without TLS they are the kubelet's native gRPC probes. With TLS they
 exec the image's probe module, which dials the same port with the mounted CA, because the
 native probe cannot speak TLS. The startup probe covers imports and, for replay, rebuilding
-the index from Redis; liveness then only restarts a server that stops answering.
+the index from Redis; startup and liveness ask the health service "liveness", which a
+server reports SERVING for as long as it answers, and readiness asks "" (the whole
+server), which follows its dependencies (replay: NOT_SERVING while Redis is unreachable):
+a replay without Redis is taken out of its Service, not restarted.
 */}}
 {{- define "amprl.grpcProbes" -}}
-{{- $check := dict -}}
+{{- $ready := dict -}}
+{{- $live := dict -}}
 {{- if .ctx.Values.tls.enabled -}}
-{{- $check = dict "exec" (dict "command" (list "python" "-m" "amprl.common.healthcheck" "--port" (toString .port))) -}}
+{{- $ready = dict "exec" (dict "command" (list "python" "-m" "amprl.common.healthcheck" "--port" (toString .port))) -}}
+{{- $live = dict "exec" (dict "command" (list "python" "-m" "amprl.common.healthcheck" "--service" "liveness" "--port" (toString .port))) -}}
 {{- else -}}
-{{- $check = dict "grpc" (dict "port" (int .port)) -}}
+{{- $ready = dict "grpc" (dict "port" (int .port)) -}}
+{{- $live = dict "grpc" (dict "port" (int .port) "service" "liveness") -}}
 {{- end -}}
 startupProbe:
-  {{- toYaml $check | nindent 2 }}
+  {{- toYaml $live | nindent 2 }}
   periodSeconds: 5
   timeoutSeconds: 5
   failureThreshold: {{ div (int (default 300 .startupSeconds)) 5 }}
 livenessProbe:
-  {{- toYaml $check | nindent 2 }}
+  {{- toYaml $live | nindent 2 }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 3
 readinessProbe:
-  {{- toYaml $check | nindent 2 }}
+  {{- toYaml $ready | nindent 2 }}
   periodSeconds: 5
   timeoutSeconds: 5
   failureThreshold: 2

@@ -99,7 +99,7 @@ class AioServer:
         if bound == 0:
             raise OSError(f"could not bind {host}:{port}")
         await server.start()
-        for name in self._names + [""]:
+        for name in self._names + ["", grpcutil.LIVENESS]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.server, self.port = server, bound
 

@@ -53,6 +53,11 @@ SERVER_KEEPALIVE = [
 """What every server accepts of its clients' keepalive pings (one per 10 s, no strikes)."""
 
 
+LIVENESS = "liveness"
+"""Health service name every server reports SERVING while it answers at all (liveness and
+startup probes ask it); "" and the services' own names may go NOT_SERVING while a
+dependency is down (readiness)."""
+
 TLS_CERT_DIR_ENV = "AMPRL_TLS_CERT_DIR"
 TLS_SERVER_NAME_ENV = "AMPRL_TLS_SERVER_NAME"
 
@@ -126,6 +131,7 @@ def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str
               else health_pb2.HealthCheckResponse.NOT_SERVING)
     for name in names + [""]:
         health_servicer.set(name, status)
+    health_servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection(
         names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME], server)

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
+from grpc_health.v1 import health_pb2
 
 from amprl import errors
 from amprl.common import grpcutil
@@ -114,6 +115,9 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         self._info_pool = ThreadPoolExecutor(1, thread_name_prefix="replay-info")
         self._refresher: asyncio.Task | None = None
         self._redis_server: str | None = None  # Redis's run id when last seen
+        self.health = None
+        """The server's grpc.aio health servicer (set by create_server)."""
+        self._ready = True
 
     # -- life cycle (on the loop) ---------------------------------------------------------
 
@@ -150,6 +154,24 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             self._redis_server = server
         except errors.Unavailable as exc:
             log.warning("cannot read Redis's state: %s", exc)
+            await self._set_ready(False)
+        else:
+            await self._set_ready(True)
+
+    async def _set_ready(self, ready: bool) -> None:
+        """Health follows Redis: NOT_SERVING while replay cannot reach it (a readiness
+        probe then takes the shard out of its Service), SERVING again once it can."""
+        if self.health is None or ready == self._ready:
+            return
+        self._ready = ready
+        if not ready:
+            log.warning("health NOT_SERVING until Redis answers again")
+        else:
+            log.info("Redis answers again: health SERVING")
+        status = (health_pb2.HealthCheckResponse.SERVING if ready
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in (SERVICE_NAME, ""):
+            await self.health.set(name, status)
 
     @staticmethod
     async def _run(pool: ThreadPoolExecutor, fn, *args):
@@ -402,6 +424,7 @@ def create_server(cfg: ExperimentConfig, spec: EnvSpec, redis_url: str, host: st
             [(replay_pb2_grpc.add_ReplayServiceServicer_to_server, servicer, SERVICE_NAME)],
             host=host, port=port, max_message_bytes=max_message_bytes,
             keepalive_s=cfg.replay.keepalive_s, on_stop=[servicer.close])
+        servicer.health = server.health
         try:
             server.call(servicer.start())
         except BaseException:

@@ -9,9 +9,11 @@ import sys
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amprl import errors
 from amprl.common.grpcutil import wait_until_serving
@@ -211,6 +213,42 @@ def test_redis_back_without_its_last_writes_under_a_running_replay_is_reconciled
         info = again.client.info()
         assert (info.size, info.missing_transitions, info.inserted_total) == (70, 20, 90)
         assert again.client.sample(64, 0.4).obs.shape == (64, 4)
+    finally:
+        if restarted is not None:
+            restarted.stop()
+        node.stop()
+
+
+def test_health_is_not_serving_while_redis_is_down_and_serving_once_it_is_back(tmp_path, replay):
+    spec = vector_spec()
+    data = tmp_path / "node"
+    node = EmbeddedRedis(data)
+    restarted = None
+    try:
+        r = replay(spec, capacity=1000, redis_url=node.url)
+        with grpc.insecure_channel(r.address) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+
+            def status(service=""):
+                return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
+
+            def wait_for(want, what):
+                deadline = time.monotonic() + 15
+                while status() != want:
+                    assert time.monotonic() < deadline, what
+                    time.sleep(0.1)
+
+            assert status() == health_pb2.HealthCheckResponse.SERVING
+            node.kill()
+            wait_for(health_pb2.HealthCheckResponse.NOT_SERVING, "NOT_SERVING with Redis down")
+            # Info still answers meanwhile (an operator can see why), and liveness stays
+            # SERVING: a replay without Redis is taken out of its Service, not restarted.
+            assert r.client.info(timeout=2).capacity == 1000
+            assert status("liveness") == health_pb2.HealthCheckResponse.SERVING
+            restarted = EmbeddedRedis(data, port=node.port)
+            wait_for(health_pb2.HealthCheckResponse.SERVING, "SERVING with Redis back")
+            chunk = make_chunk(spec, 5)
+            assert r.client.insert("a", [(chunk, np.ones(5, np.float32), 5)]).transitions_stored == 5
     finally:
         if restarted is not None:
             restarted.stop()
