@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import redis
 
-from amprl.errors import FailedPrecondition, Unavailable
+from amprl.errors import FailedPrecondition, ResourceExhausted, Unavailable
 
 COUNTERS = ("next_key", "oldest_key", "next_chunk", "oldest_chunk", "next_frame",
             "inserted_total", "env_steps_total", "sampled_total", "priority_updates_total")
@@ -122,6 +122,10 @@ def _unavailable(exc: Exception) -> Unavailable:
     return Unavailable(f"redis: {type(exc).__name__}: {exc}")
 
 
+class RedisFull(ResourceExhausted):
+    """Redis refused a write at its ``maxmemory`` (nothing of the write was stored)."""
+
+
 class ReplayStorage:
     """Reads and writes one table's keys; every write is a single MULTI/EXEC."""
 
@@ -161,6 +165,8 @@ class ReplayStorage:
             if dead:
                 pipe.delete(*dead)
             pipe.execute()
+        except redis.exceptions.OutOfMemoryError as exc:
+            raise self._full() from exc
         except redis.RedisError as exc:
             raise _unavailable(exc) from exc
 
@@ -176,6 +182,8 @@ class ReplayStorage:
                 self._set_priorities(keys=[self._priorities], args=[pairs.tobytes()], client=pipe)
             pipe.hset(self._counters, mapping=counters)
             pipe.execute()
+        except redis.exceptions.OutOfMemoryError as exc:
+            raise self._full() from exc
         except redis.RedisError as exc:
             raise _unavailable(exc) from exc
 
@@ -249,6 +257,21 @@ class ReplayStorage:
         """The Redis server's run id: a new one after every restart of the server."""
         try:
             return str(self.redis.info("server")["run_id"])
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+
+    def _full(self) -> RedisFull:
+        try:
+            used, limit = self.used_memory(), self.max_memory()
+        except Unavailable:
+            used = limit = -1
+        return RedisFull(f"Redis is full: it refused a write at maxmemory ({limit} bytes; "
+                         f"{used} used)")
+
+    def max_memory(self) -> int:
+        """Redis's maxmemory in bytes; 0 when it has none."""
+        try:
+            return int(self.redis.info("memory").get("maxmemory", 0))
         except redis.RedisError as exc:
             raise _unavailable(exc) from exc
 

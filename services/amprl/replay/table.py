@@ -54,8 +54,8 @@ import numpy as np
 
 from amprl.config import ReplayConfig
 from amprl.envs.spec import EnvSpec
-from amprl.errors import FailedPrecondition, InvalidArgument, Unavailable
-from amprl.replay.storage import ChunkMeta, ReplayStorage
+from amprl.errors import ConfigError, FailedPrecondition, InvalidArgument, Unavailable
+from amprl.replay.storage import ChunkMeta, RedisFull, ReplayStorage
 from amprl.replay.sumtree import SumTree
 from amprl.wire.transitions import Chunk
 
@@ -193,6 +193,31 @@ class ReplayTable:
     # -- opening: rebuild the index from Redis --------------------------------------------
 
     def _open(self) -> None:
+        self._open_index()
+        self._check_fits()
+
+    def _check_fits(self) -> None:
+        """Refuses a capacity that cannot fit Redis's maxmemory, before anything fills it:
+        bytes per transition as measured (once the table holds 1% of its capacity), else a
+        lower bound (the index fields, plus the frames when stored uncompressed)."""
+        limit = self.storage.max_memory()
+        if not limit:
+            return
+        if self.size >= max(1000, self.capacity // 100):
+            per, how = self.storage.used_memory() / self.size, "as stored so far"
+        else:
+            width = 1 if self.spec.discrete else self.spec.action_dim
+            per = 8 * self.stack + 8 * width + 4 * 3 + 8
+            if self.compression == "none":
+                per += self.frame_nbytes
+            how = "at the least"
+        if per * self.capacity > limit:
+            raise ConfigError(
+                f"replay.capacity: {self.capacity} transitions at {per:,.0f} bytes each ({how}) "
+                f"need ~{per * self.capacity / 2**20:,.0f} MiB, more than Redis's maxmemory "
+                f"({limit / 2**20:,.1f} MiB): lower replay.capacity or raise maxmemory")
+
+    def _open_index(self) -> None:
         layout = _layout(self.spec, self.capacity, self.compression)
         stored = self.storage.load_layout()
         if stored is None:
@@ -430,8 +455,8 @@ class ReplayTable:
             ranges.append((s0, priorities[:n0]))
             if n0 < t:
                 ranges.append((0, priorities[n0:]))
-            self.storage.write_chunk(
-                meta.encode(), cid, frames_blob, ranges,
+            self._write_or_explain_full(
+                self.storage.write_chunk, meta.encode(), cid, frames_blob, ranges,
                 self._counters(next_key=end_key, oldest_key=new_oldest, next_chunk=cid + 1,
                                oldest_chunk=new_oldest_chunk, next_frame=end_frame,
                                inserted_total=self.inserted_total + t,
@@ -473,6 +498,16 @@ class ReplayTable:
             self.inserted_total += t
             self.env_steps_total += int(env_steps)
             return first
+
+    def _write_or_explain_full(self, write, *args) -> None:
+        try:
+            write(*args)
+        except RedisFull as exc:
+            per = self.storage.used_memory() / self.size if self.size else 0.0
+            raise RedisFull(
+                f"{exc}. This table keeps replay.capacity = {self.capacity} transitions, "
+                f"{self.size} so far at about {per:,.0f} bytes each in Redis: lower "
+                f"replay.capacity or raise Redis's maxmemory") from None
 
     def check_sample(self, batch_size: int, beta: float) -> None:
         """InvalidArgument for a batch size or beta no table state could satisfy."""
@@ -568,7 +603,7 @@ class ReplayTable:
             keys, priorities = keys[keep], priorities[keep]
             slots = keys % self.capacity
             updates = self.priority_updates_total + keys.size
-            self.storage.write_priorities(slots, priorities,
+            self._write_or_explain_full(self.storage.write_priorities, slots, priorities,
                                           self._counters(priority_updates_total=updates))
             self.priorities[slots] = priorities
             self.tree.update(slots, priorities.astype(np.float64) ** self.alpha)

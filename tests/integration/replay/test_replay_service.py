@@ -6,6 +6,10 @@ import numpy as np
 import pytest
 
 from amprl import errors
+from amprl.common.redis_server import EmbeddedRedis
+from amprl.config import ExperimentConfig
+from amprl.errors import ConfigError
+from amprl.replay.service import create_server
 from amprl.replay.testing import atari_spec, make_chunk, vector_spec
 
 
@@ -148,3 +152,27 @@ def test_concurrent_inserts_and_samples(replay):
     assert info.size == 64 + 3 * 10 * 3 * 32 and info.actors_seen == 4
     total = float((np.abs(r.table.get(np.arange(info.size))["priorities"]).astype(np.float64) ** 0.6).sum())
     assert info.total_priority == pytest.approx(total, rel=1e-6)
+
+
+def test_a_capacity_that_cannot_fit_redis_maxmemory_is_refused_at_start(tmp_path):
+    cfg = ExperimentConfig()
+    cfg.replay.capacity = 1_000_000
+    with EmbeddedRedis(tmp_path / "small", maxmemory="8mb") as small:
+        with pytest.raises(ConfigError, match=r"replay.capacity: 1000000 .* maxmemory \(8.0 MiB\)"):
+            create_server(cfg, vector_spec(), small.url, "127.0.0.1", 0)
+
+
+def test_full_redis_answers_resource_exhausted_naming_capacity_and_maxmemory(tmp_path, replay):
+    spec = vector_spec()
+    with EmbeddedRedis(tmp_path / "small", maxmemory="2mb") as small:
+        r = replay(spec, capacity=20_000, redis_url=small.url)
+        stored = 0
+        with pytest.raises(errors.ResourceExhausted) as full:
+            for i in range(200):
+                stored += r.client.insert("a", items(spec, 1, 100, base=i)).transitions_stored
+        message = str(full.value)
+        assert "maxmemory" in message and "replay.capacity = 20000" in message, message
+        # nothing of the refused insert is stored, and the shard goes on serving
+        info = r.client.info()
+        assert info.size == stored > 0
+        assert len(r.client.sample(16, 0.4)) == 16

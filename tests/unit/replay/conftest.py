@@ -70,6 +70,9 @@ class MemoryStorage:
     def server_id(self):
         return "memory"
 
+    def max_memory(self):
+        return 0
+
     def used_memory(self):
         return sum(len(m) + len(f) for m, f in self.chunks.values())
 
