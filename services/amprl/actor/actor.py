@@ -87,6 +87,7 @@ class Actor:
         self.q_net = ActingQNetwork(self.model, acting_dtype(cfg)) if self.discrete else None
         self.policy = None if self.discrete else ActingPolicy(self.model)
         self.version = 0
+        self.incarnation = 0  # the server's incarnation the weights came from (0: none yet)
         self._synced = False  # holds the server's weights (of self.version), not the seeded init
         self.stats = ActorStats()
         self.returns: collections.deque = collections.deque(maxlen=20)
@@ -97,7 +98,7 @@ class Actor:
         self._outbox: queue.Queue = queue.Queue()
         self._unacked = 0
         self._unacked_cv = threading.Condition()
-        self._pending: tuple[int, dict] | None = None
+        self._pending: tuple[int, int, dict] | None = None  # (version, incarnation, weights)
         self._pending_lock = threading.Lock()
         self._want_pull = threading.Event()
         self._stop = threading.Event()
@@ -108,13 +109,13 @@ class Actor:
     # -- weights ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def _load(self, version: int, weights: dict) -> None:
+    def _load(self, version: int, incarnation: int, weights: dict) -> None:
         for name, value in weights.items():
             self._params[name].copy_(value)
         for acting in (self.q_net, self.policy):
             if acting is not None:
                 acting.sync()
-        self.version = version
+        self.version, self.incarnation = version, incarnation
         self._synced = True
 
     def _pull_loop(self) -> None:
@@ -124,13 +125,15 @@ class Actor:
                 continue
             self._want_pull.clear()
             try:
-                have = self._pending[0] if self._pending else self.version
+                have, have_incarnation = ((self._pending[0], self._pending[1]) if self._pending
+                                          else (self.version, self.incarnation))
                 if have == 0 and self._synced and self.ps.info(timeout=30.0).version == 0:
                     # The server reads have_version 0 as "none" and would resend the initial
                     # weights we hold (13 MB for the Nature CNN) on every refresh until the
                     # learner's first update.
                     continue
-                version, weights = self.ps.pull(have_version=have, encoding="fp32", timeout=30.0)
+                version, incarnation, weights = self.ps.pull_versioned(
+                    have, have_incarnation, encoding="fp32", timeout=30.0)
             except errors.AmprlError as exc:
                 log.warning("weight pull failed: %s", exc)
                 self._want_pull.set()  # try again after the pause
@@ -139,12 +142,15 @@ class Actor:
             backoff.reset()
             if weights is not None:
                 with self._pending_lock:
-                    self._pending = (version, weights)
+                    self._pending = (version, incarnation, weights)
 
     def _swap_weights(self) -> None:
+        """Loads pulled weights that are newer, or of another server incarnation (a restarted
+        parameter server may count versions again from a lower number)."""
         with self._pending_lock:
             pending, self._pending = self._pending, None
-        if pending is not None and (pending[0] > self.version or not self._synced):
+        if pending is not None and (pending[0] > self.version or pending[1] != self.incarnation
+                                    or not self._synced):
             self._load(*pending)
 
     # -- sending ---------------------------------------------------------------------------
@@ -228,8 +234,7 @@ class Actor:
 
     def start(self) -> None:
         try:
-            version, weights = self.ps.pull(have_version=0, timeout=60.0)
-            self._load(version, weights)
+            self._load(*self.ps.pull_versioned(0, 0, timeout=60.0))
         except errors.AmprlError as exc:
             log.warning("initial pull failed (%s); acting with the seeded initial weights", exc)
         for target, name in ((self._send_loop, "send"), (self._pull_loop, "pull")):

@@ -67,6 +67,7 @@ class Evaluator:
         self._params = dict(self.model.named_parameters())
         self.policy = GreedyPolicy(self.model, spec.discrete)
         self.version = 0
+        self.incarnation = 0  # the parameter server's incarnation of the weights held
         self.evaluations: list[telemetry_pb2.Evaluation] = []
         self.history_path = Path(run_dir) / "eval.jsonl" if run_dir else None
         base = derive_seed(cfg.run.seed, client_id)
@@ -79,13 +80,14 @@ class Evaluator:
 
     @torch.no_grad()
     def _pull(self) -> bool:
-        version, weights = self.ps.pull(have_version=self.version, encoding="fp32", timeout=60.0)
+        version, incarnation, weights = self.ps.pull_versioned(
+            self.version, self.incarnation, encoding="fp32", timeout=60.0)
         if weights is None:
             return False
         for name, value in weights.items():
             self._params[name].copy_(value)
         self.policy.sync()
-        self.version = version
+        self.version, self.incarnation = version, incarnation
         return True
 
     def evaluate_once(self) -> telemetry_pb2.Evaluation | None:

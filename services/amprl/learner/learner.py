@@ -204,6 +204,7 @@ class Learner:
         self._want_pull = threading.Event()
         self._resync = threading.Event()  # the next pull fetches the full current weights
         self._newest_seen = 0
+        self._incarnation = 0  # the parameter server's, from its push replies (0: not seen)
         self._weights_push = None  # the newest push that asked for its weights in the reply
         # apply_locally: that push's reply is not handled yet (its callback clears this)
         self._weights_push_open = False
@@ -511,6 +512,17 @@ class Learner:
     def _on_push_done(self, fut, sent: float, seqs: list[int]) -> None:
         try:
             reply = fut.result()
+            if reply.incarnation and reply.incarnation != self._incarnation:
+                if self._incarnation:
+                    # the server restarted (maybe from an older checkpoint: its versions
+                    # name other weights now): re-sync onto whatever it holds
+                    log.warning("the parameter server restarted (incarnation %d, was %d): "
+                                "re-syncing", reply.incarnation, self._incarnation)
+                    self._incarnation = reply.incarnation
+                    self._resync.set()
+                    self._want_pull.set()
+                    return
+                self._incarnation = reply.incarnation
             rtt_ms = (time.monotonic() - sent) * 1e3
             a = 0.1 if self.stats.pushes_applied else 1.0
             self.stats.push_rtt_ms += a * (rtt_ms - self.stats.push_rtt_ms)

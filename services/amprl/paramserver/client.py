@@ -21,7 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import grpc
 import torch
@@ -47,6 +47,16 @@ def _mapped(exc: grpc.RpcError) -> Exception:
     except Exception as mapped:  # noqa: BLE001 - we want the mapped exception object
         return mapped
     return exc  # pragma: no cover - raise_for_rpc_error always raises
+
+
+class Pulled(NamedTuple):
+    """What ``ParameterClient.pull_versioned`` brings."""
+
+    version: int
+    incarnation: int
+    """The server's incarnation (0 from a server too old to say)."""
+    weights: dict[str, torch.Tensor] | None
+    """fp32 tensors by name, in the server's order; None when the caller's were current."""
 
 
 def reply_weights(reply, device: torch.device | str | None = None) -> dict[str, torch.Tensor] | None:
@@ -204,12 +214,26 @@ class ParameterClient:
              device: torch.device | str | None = None
              ) -> tuple[int, dict[str, torch.Tensor] | None]:
         """(version, weights) with weights decoded to fp32 on ``device``, in the server's
-        order; (version, None) when ``have_version`` is already the newest."""
+        order; (version, None) when ``have_version`` is already the newest. Blind to the
+        server's incarnation: a client that keeps weights across server restarts uses
+        ``pull_versioned``."""
+        pulled = self.pull_versioned(have_version, 0, encoding=encoding, timeout=timeout,
+                                     device=device)
+        return pulled.version, pulled.weights
+
+    def pull_versioned(self, have_version: int = 0, have_incarnation: int = 0, *,
+                       encoding: str = "fp32", timeout: float | None = None,
+                       device: torch.device | str | None = None) -> "Pulled":
+        """The newest weights unless (``have_version``, ``have_incarnation``) are the
+        server's (then ``weights`` is None). Weights of another incarnation than
+        ``have_incarnation`` come whatever their version: the server restarted, maybe from
+        an older checkpoint, and its version numbers name other weights now."""
         enc = encoding_value(encoding)
         if enc not in (tensor_pb2.ENCODING_FP32, tensor_pb2.ENCODING_BF16, tensor_pb2.ENCODING_FP16):
             raise errors.InvalidArgument(f"encoding {encoding!r}: weights come in fp32, bf16 or fp16")
         request = paramserver_pb2.PullParametersRequest(have_version=have_version, encoding=enc,
-                                                        client_id=self.client_id)
+                                                        client_id=self.client_id,
+                                                        have_incarnation=have_incarnation)
         deadline = time.monotonic() + (timeout or self.timeout_s)
         for attempt in range(len(_RETRY_BACKOFF_S) + 1):
             try:
@@ -229,16 +253,16 @@ class ParameterClient:
         for resp in self.stub.PullParameters(request, timeout=max(0.01, deadline - time.monotonic()),
                                              wait_for_ready=True):
             if resp.unchanged:
-                return resp.version, None
+                return Pulled(resp.version, resp.incarnation, None)
             if version is not None and resp.version != version:
                 raise errors.Unavailable(f"pull stream mixed versions {version} and {resp.version}")
-            version = resp.version
+            version, incarnation = resp.version, resp.incarnation
             for msg in resp.parameters:
                 weights[msg.name] = decode(msg, device=device)
             last = resp.last
         if version is None or not last:
             raise errors.Unavailable("pull stream ended before its last message")
-        return version, weights
+        return Pulled(version, incarnation, weights)
 
     # -- WatchParameters -----------------------------------------------------------------
 

@@ -150,14 +150,16 @@ class Follower:
     def _pull(self, whole: bool) -> None:
         """Pulls the main server's weights unless they are the ones held (``whole``: in
         any case, as after a reconnection)."""
-        have = 0 if whole or not self.ready.is_set() else self.weights.version
-        version, weights = self.client.pull(have_version=have, encoding="fp32",
-                                            timeout=self.pull_timeout_s)
+        whole = whole or not self.ready.is_set()
+        version, incarnation, weights = self.client.pull_versioned(
+            0 if whole else self.weights.version, 0 if whole else self.weights.incarnation,
+            encoding="fp32", timeout=self.pull_timeout_s)
         self._backoff.reset()
         if weights is None:
             return
         try:
-            self.weights.replace(version, weights)
+            # the main server's incarnation is passed on, so the fleet tells its lives apart
+            self.weights.replace(version, weights, incarnation or None)
         except errors.InvalidArgument as exc:
             raise errors.ConfigError(f"the weights of {self.main_address} do not fit this "
                                      f"follower's model ({exc}); give it the main server's "

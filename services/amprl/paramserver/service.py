@@ -172,12 +172,13 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
             version=result.version,
             disposition=(paramserver_pb2.PUSH_DISPOSITION_SCALED if result.scaled
                          else paramserver_pb2.PUSH_DISPOSITION_APPLIED),
-            staleness=result.staleness, scale=result.scale)
+            staleness=result.staleness, scale=result.scale, incarnation=store.incarnation)
         if result.weights is not None:
             # the fp32 tensors a pull of this version serves (and now finds cached); sent
             # back only when they fit one message, else the caller pulls them in chunks
             encoded, tensors = self._encode_snapshot(
-                tensor_pb2.ENCODING_FP32, Snapshot(result.version, result.weights, result.revision))
+                tensor_pb2.ENCODING_FP32, Snapshot(result.version, result.weights, result.revision,
+                                                   store.incarnation))
             if len(encoded.replies) == 1:
                 store.count_pull(unchanged=False)
                 return _with_tensors(reply, _WEIGHTS_FIELD, tensors)
@@ -215,12 +216,12 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
             n = len(tensor) + 8  # + tag and length prefix of the repeated field
             if chunk and size + n > self.chunk_bytes:
                 replies.append(_with_tensors(paramserver_pb2.PullParametersResponse(
-                    version=snap.version), _PARAMETERS_FIELD, chunk))
+                    version=snap.version, incarnation=snap.incarnation), _PARAMETERS_FIELD, chunk))
                 chunk, size = [], 0
             chunk.append(tensor)
             size += n
         replies.append(_with_tensors(paramserver_pb2.PullParametersResponse(
-            version=snap.version, last=True), _PARAMETERS_FIELD, chunk))
+            version=snap.version, incarnation=snap.incarnation, last=True), _PARAMETERS_FIELD, chunk))
         encoded = _Encoded(snap.revision, snap.version, replies)
         with self._lock:
             old = self._cache.get(encoding)
@@ -236,10 +237,13 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
             raise InvalidArgument(f"encoding {tensor_pb2.Encoding.Name(encoding) if encoding in tensor_pb2.Encoding.values() else encoding}: "
                                   f"weights are served in ENCODING_FP32, ENCODING_BF16 or ENCODING_FP16")
         self.store.note_client(request.client_id)
-        version = self.store.version
-        if request.have_version == version and version != 0:  # have_version 0 = "none"
+        version, incarnation = self.store.version, self.store.incarnation
+        # have_version 0 = "none"; a have_incarnation of another life makes the number moot
+        if (request.have_version == version and version != 0
+                and request.have_incarnation in (0, incarnation)):
             self.store.count_pull(unchanged=True)
-            yield paramserver_pb2.PullParametersResponse(version=version, unchanged=True, last=True)
+            yield paramserver_pb2.PullParametersResponse(version=version, unchanged=True, last=True,
+                                                         incarnation=incarnation)
             return
         self.store.count_pull(unchanged=False)
         yield from self.encoded(encoding).replies
@@ -264,18 +268,22 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
 
         context.add_callback(wake)
         try:
-            have = request.have_version
+            have, have_incarnation = request.have_version, request.have_incarnation
             first = True
             while context.is_active() and not self._closing.is_set():
                 version = store.version if first else store.wait_for_version(have, self.watch_poll_s)
+                incarnation = store.incarnation
                 if self._closing.is_set() or not context.is_active():
                     break
-                # have_version 0 means "none": the current version is announced at once.
-                if version != have or (first and have == 0):
+                # have_version 0 means "none": the current version is announced at once; so
+                # is one of another incarnation (a follower whose main server restarted).
+                if (version != have or (first and have == 0)
+                        or have_incarnation not in (0, incarnation)):
                     # Coalescing: whatever happened while the previous message was being
                     # sent, this reads the newest version once.
-                    yield paramserver_pb2.WatchParametersResponse(version=version)
-                    have = version
+                    yield paramserver_pb2.WatchParametersResponse(version=version,
+                                                                  incarnation=incarnation)
+                    have, have_incarnation = version, incarnation
                 first = False
         finally:
             store.watch_ended(client_id)

@@ -45,6 +45,7 @@ store is touched: a bad push changes nothing but the ``pushes_rejected_invalid``
 from __future__ import annotations
 
 import copy
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -106,6 +107,13 @@ class Snapshot(NamedTuple):
     """Copies, by name, in serving order."""
     revision: int
     """``VersionedWeights.revision`` of these weights."""
+    incarnation: int = 0
+    """``VersionedWeights.incarnation`` of these weights."""
+
+
+def new_incarnation() -> int:
+    """A random non-zero 63-bit number: one server life's name (see ``incarnation``)."""
+    return secrets.randbelow(2**63 - 1) + 1
 
 
 @dataclass
@@ -153,6 +161,10 @@ class VersionedWeights:
         self.live_window_s = float(live_window_s)
         self.version = 0
         self.revision = 0
+        self.incarnation = new_incarnation()
+        """Names this life of the weights: drawn at start, so a server that resumed from an
+        older checkpoint (its versions counted again from a lower number) is told apart by
+        every client; a follower takes its main server's."""
         self.checkpoint_version = 0
         self.counters = Counters()
         self._clients = _Clients()
@@ -187,13 +199,14 @@ class VersionedWeights:
         """(version, a consistent copy of the weights in serving order, revision)."""
         with self._lock:
             return Snapshot(self.version, {n: p.detach().clone() for n, p in self.params.items()},
-                            self.revision)
+                            self.revision, self.incarnation)
 
-    def replace(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
-        """Takes ``weights`` (every parameter, by name) as those of ``version``: how a
-        follower adopts what it pulled. The version may go down (the main server resumed
-        from an older checkpoint). InvalidArgument when the names or shapes differ from
-        this store's; nothing changes then."""
+    def replace(self, version: int, weights: Mapping[str, torch.Tensor],
+                incarnation: int | None = None) -> None:
+        """Takes ``weights`` (every parameter, by name) as those of ``version`` (and
+        ``incarnation``, when given): how a follower adopts what it pulled. The version may
+        go down (the main server resumed from an older checkpoint). InvalidArgument when
+        the names or shapes differ from this store's; nothing changes then."""
         if set(weights) != set(self.params):
             missing = sorted(set(self.params) - set(weights))
             unknown = sorted(set(weights) - set(self.params))
@@ -207,6 +220,8 @@ class VersionedWeights:
             for name, p in self.params.items():
                 p.copy_(weights[name])
             self.version = int(version)
+            if incarnation:
+                self.incarnation = int(incarnation)
             self.revision += 1
             self.changed.notify_all()
 
@@ -289,6 +304,7 @@ class VersionedWeights:
             "num_tensors": len(self.params),
             "num_parameters": self.num_parameters,
             "transitions_trained": c.transitions_trained,
+            "incarnation": self.incarnation,
         }
 
 

@@ -146,6 +146,7 @@ class PushGradientsResponse(_message.Message):
     STALENESS_FIELD_NUMBER: _builtins.int
     SCALE_FIELD_NUMBER: _builtins.int
     WEIGHTS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Version after applying the gradient (the last step's, for a multi-step push)."""
     disposition: Global___PushDisposition.ValueType
@@ -154,6 +155,8 @@ class PushGradientsResponse(_message.Message):
     """version - base_version at arrival."""
     scale: _builtins.float
     """Factor the gradient was multiplied by before the optimizer step."""
+    incarnation: _builtins.int
+    """The server's incarnation (see PullParametersResponse.incarnation)."""
     @_builtins.property
     def weights(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.CompressedTensor]:
         """With return_weights: the weights of exactly `version` (fp32, state-dict order), or
@@ -168,10 +171,11 @@ class PushGradientsResponse(_message.Message):
         staleness: _builtins.int = ...,
         scale: _builtins.float = ...,
         weights: _abc.Iterable[_tensor_pb2.CompressedTensor] | None = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposition", b"disposition", "scale", b"scale", "staleness", b"staleness", "version", b"version", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposition", b"disposition", "incarnation", b"incarnation", "scale", b"scale", "staleness", b"staleness", "version", b"version", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -186,6 +190,7 @@ class PullParametersRequest(_message.Message):
     HAVE_VERSION_FIELD_NUMBER: _builtins.int
     ENCODING_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    HAVE_INCARNATION_FIELD_NUMBER: _builtins.int
     have_version: _builtins.int
     """Version the caller already holds; 0 = none. Equal to the server's version: no weights."""
     encoding: _tensor_pb2.Encoding.ValueType
@@ -194,16 +199,22 @@ class PullParametersRequest(_message.Message):
     """
     client_id: _builtins.str
     """Identity of the caller ("actor-3", "evaluator"); counted in Info."""
+    have_incarnation: _builtins.int
+    """Incarnation of the weights the caller holds (0 = none or unknown). One other than the
+    server's means have_version belongs to an earlier life of the server: the weights are
+    sent whatever the version numbers say.
+    """
     def __init__(
         self,
         *,
         have_version: _builtins.int = ...,
         encoding: _tensor_pb2.Encoding.ValueType = ...,
         client_id: _builtins.str = ...,
+        have_incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "encoding", b"encoding", "have_version", b"have_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "encoding", b"encoding", "have_incarnation", b"have_incarnation", "have_version", b"have_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -220,6 +231,7 @@ class PullParametersResponse(_message.Message):
     PARAMETERS_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
     ENV_STEPS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Version of these weights (or the current version when unchanged is true)."""
     unchanged: _builtins.bool
@@ -228,6 +240,13 @@ class PullParametersResponse(_message.Message):
     """True on the last message of the call."""
     env_steps: _builtins.int
     """Environment steps the fleet had taken when this version was made (0 if unknown)."""
+    incarnation: _builtins.int
+    """The server's incarnation: a random non-zero number drawn when the parameter server
+    starts (a follower passes on its main server's). Versions only grow within one
+    incarnation; a server that resumed from an older checkpoint has a new incarnation and
+    may count versions again from a lower number, so a client holding weights of another
+    incarnation adopts these whatever their version.
+    """
     @_builtins.property
     def parameters(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.CompressedTensor]:
         """A slice of the model's parameters, in state-dict order."""
@@ -240,10 +259,11 @@ class PullParametersResponse(_message.Message):
         parameters: _abc.Iterable[_tensor_pb2.CompressedTensor] | None = ...,
         last: _builtins.bool = ...,
         env_steps: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_steps", b"env_steps", "last", b"last", "parameters", b"parameters", "unchanged", b"unchanged", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_steps", b"env_steps", "incarnation", b"incarnation", "last", b"last", "parameters", b"parameters", "unchanged", b"unchanged", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -257,21 +277,27 @@ class WatchParametersRequest(_message.Message):
 
     HAVE_VERSION_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    HAVE_INCARNATION_FIELD_NUMBER: _builtins.int
     have_version: _builtins.int
     """Version the caller holds; the first message is sent at once if it differs (0 = none:
     the current version is sent at once).
     """
     client_id: _builtins.str
     """Identity of the caller; counted in Info."""
+    have_incarnation: _builtins.int
+    """Incarnation the caller's have_version belongs to (0 = unknown); another than the
+    server's makes the first message go at once.
+    """
     def __init__(
         self,
         *,
         have_version: _builtins.int = ...,
         client_id: _builtins.str = ...,
+        have_incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "have_version", b"have_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "have_incarnation", b"have_incarnation", "have_version", b"have_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -284,16 +310,20 @@ class WatchParametersResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Newest version."""
+    incarnation: _builtins.int
+    """The incarnation it belongs to (see PullParametersResponse.incarnation)."""
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -339,6 +369,7 @@ class ParameterServiceInfoResponse(_message.Message):
     NUM_TENSORS_FIELD_NUMBER: _builtins.int
     NUM_PARAMETERS_FIELD_NUMBER: _builtins.int
     TRANSITIONS_TRAINED_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Current version (applied gradients since the run started, checkpoints included)."""
     pushes_applied: _builtins.int
@@ -373,6 +404,8 @@ class ParameterServiceInfoResponse(_message.Message):
     """Total elements over all parameter tensors."""
     transitions_trained: _builtins.int
     """Transitions in all applied batches."""
+    incarnation: _builtins.int
+    """The server's incarnation (see PullParametersResponse.incarnation)."""
     def __init__(
         self,
         *,
@@ -393,10 +426,11 @@ class ParameterServiceInfoResponse(_message.Message):
         num_tensors: _builtins.int = ...,
         num_parameters: _builtins.int = ...,
         transitions_trained: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "checkpoint_version", b"checkpoint_version", "clients_live", b"clients_live", "gradient_bytes_received", b"gradient_bytes_received", "learners_live", b"learners_live", "live_window_seconds", b"live_window_seconds", "max_staleness", b"max_staleness", "num_parameters", b"num_parameters", "num_tensors", b"num_tensors", "pulls_unchanged", b"pulls_unchanged", "pulls_with_weights", b"pulls_with_weights", "pushes_applied", b"pushes_applied", "pushes_rejected_invalid", b"pushes_rejected_invalid", "pushes_rejected_stale", b"pushes_rejected_stale", "pushes_scaled", b"pushes_scaled", "transitions_trained", b"transitions_trained", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "checkpoint_version", b"checkpoint_version", "clients_live", b"clients_live", "gradient_bytes_received", b"gradient_bytes_received", "incarnation", b"incarnation", "learners_live", b"learners_live", "live_window_seconds", b"live_window_seconds", "max_staleness", b"max_staleness", "num_parameters", b"num_parameters", "num_tensors", b"num_tensors", "pulls_unchanged", b"pulls_unchanged", "pulls_with_weights", b"pulls_with_weights", "pushes_applied", b"pushes_applied", "pushes_rejected_invalid", b"pushes_rejected_invalid", "pushes_rejected_stale", b"pushes_rejected_stale", "pushes_scaled", b"pushes_scaled", "transitions_trained", b"transitions_trained", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

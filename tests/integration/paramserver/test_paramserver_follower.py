@@ -184,6 +184,8 @@ def test_a_follower_keeps_serving_through_a_main_server_restart_and_adopts_its_w
     wait_for(lambda: fs.server.store.version == 2, what="version 2")
     actor = servers.client(fs.port, "actor-0")
     _, before = actor.pull()
+    old_life = actor.pull_versioned(0, 0).incarnation
+    assert old_life == main.store.incarnation  # a follower passes its main server's on
 
     main.stop(0)  # the follower goes on serving version 2
     time.sleep(0.5)
@@ -205,6 +207,11 @@ def test_a_follower_keeps_serving_through_a_main_server_restart_and_adopts_its_w
                  what="the restarted server's weights")
         version, weights = actor.pull()
         assert version == 2 and all(torch.equal(weights[n], new[n]) for n in new)
+        # an actor holding version 2 of the old life is sent the new life's version 2
+        assert fs.server.store.incarnation == restarted.store.incarnation != old_life
+        got = actor.pull_versioned(2, old_life)
+        assert got.incarnation == restarted.store.incarnation and got.weights is not None
+        assert actor.pull_versioned(2, got.incarnation).weights is None
     finally:
         restarted.stop(0)
 

@@ -103,7 +103,7 @@ def test_an_unchanged_pull_carries_only_the_version(start_server):
     assert len(replies) == 1
     r = replies[0]
     assert r.unchanged and r.last and r.version == 1 and len(r.parameters) == 0
-    assert r.ByteSize() < 16
+    assert r.ByteSize() < 32  # the version, the flags and the server's incarnation
     assert client.pull(have_version=1) == (1, None)
     info = client.info()
     assert info.pulls_unchanged == 2 and info.pulls_with_weights == 0
@@ -494,3 +494,29 @@ def test_add_to_server_registers_every_rpc_of_the_service():
     methods = paramserver_pb2.DESCRIPTOR.services_by_name["ParameterService"].methods
     assert server.name == SERVICE_NAME and set(server.handlers) == {m.name for m in methods}
     assert len(server.generic) == 1
+
+
+def test_a_new_server_life_sends_its_weights_even_under_the_version_number_held(start_server):
+    # Two lives of "the" parameter server with the same version number and other weights,
+    # as after a restart from an older checkpoint.
+    first, c1 = start_server(small_model(seed=0))
+    second, c2 = start_server(small_model(seed=1))
+    c1.push(0, fp32_grads(first), batch_size=8)
+    c2.push(0, fp32_grads(second), batch_size=8)
+    one = c1.pull_versioned(0, 0)
+    assert one.version == 1 and one.incarnation != 0
+    assert c1.info().incarnation == one.incarnation
+    # the same life: the number is enough
+    assert c1.pull_versioned(1, one.incarnation).weights is None
+    assert c1.push(1, fp32_grads(first)).incarnation == one.incarnation
+    # another life: weights, though the numbers match
+    two = c2.pull_versioned(1, one.incarnation)
+    assert two.version == 1 and two.incarnation not in (0, one.incarnation)
+    assert all(torch.equal(two.weights[n], second.store.params[n].detach()) for n in two.weights)
+    # a client blind to incarnations (have_incarnation 0) keeps the old rule
+    assert c2.pull_versioned(1, 0).weights is None
+    # a watch of another life announces at once
+    stub = paramserver_pb2_grpc.ParameterServiceStub(c2.channel)
+    first_msg = next(iter(stub.WatchParameters(paramserver_pb2.WatchParametersRequest(
+        have_version=1, have_incarnation=one.incarnation), timeout=5)))
+    assert (first_msg.version, first_msg.incarnation) == (1, two.incarnation)

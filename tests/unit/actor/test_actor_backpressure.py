@@ -20,7 +20,7 @@ class NoWeightsServer:
     def info(self, timeout=None):
         return types.SimpleNamespace(version=0)
 
-    def pull(self, have_version=0, encoding="fp32", timeout=None):
+    def pull_versioned(self, have_version=0, have_incarnation=0, *, encoding="fp32", timeout=None):
         raise errors.Unavailable("no parameter server in this test")
 
 

@@ -11,23 +11,28 @@ import torch
 from amprl.actor.actor import Actor
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
+from amprl.paramserver.client import Pulled
 from amprl.rl.models import build_model
 
 
 class StubParameterServer:
-    """Serves fixed weights at ``version``; counts pulls that returned weights."""
+    """Serves fixed weights at ``version`` of ``incarnation``; counts pulls that returned
+    weights."""
 
-    def __init__(self, weights: dict, version: int = 0):
+    def __init__(self, weights: dict, version: int = 0, incarnation: int = 11):
         self.weights, self.version, self.pulls_with_weights = weights, version, 0
+        self.incarnation = incarnation
 
     def info(self, timeout=None):
         return types.SimpleNamespace(version=self.version)
 
-    def pull(self, have_version=0, encoding="fp32", timeout=None):
-        if have_version == self.version and self.version != 0:  # the server's rule: 0 = "none"
-            return self.version, None
+    def pull_versioned(self, have_version=0, have_incarnation=0, *, encoding="fp32", timeout=None):
+        # the server's rule: have_version 0 = "none"; another incarnation's number is moot
+        if (have_version == self.version and self.version != 0
+                and have_incarnation in (0, self.incarnation)):
+            return Pulled(self.version, self.incarnation, None)
         self.pulls_with_weights += 1
-        return self.version, {k: v.clone() for k, v in self.weights.items()}
+        return Pulled(self.version, self.incarnation, {k: v.clone() for k, v in self.weights.items()})
 
 
 def make_actor(ps):
@@ -79,3 +84,26 @@ def test_version_zero_weights_replace_the_seeded_init_after_a_failed_first_pull(
     finally:
         actor._stop.set()
         t.join(timeout=2)
+
+
+def test_a_restarted_parameter_server_with_lower_versions_is_adopted_at_once():
+    ps = StubParameterServer(served_weights(), version=900, incarnation=11)
+    actor = make_actor(ps)
+    actor.start()
+    try:
+        assert (actor.version, actor.incarnation) == (900, 11)
+        # restarted from a checkpoint 300 versions older: new incarnation, lower number,
+        # other weights
+        torch.manual_seed(7)
+        ps.weights = {k: torch.randn_like(v) for k, v in ps.weights.items()}
+        ps.version, ps.incarnation = 600, 12
+        request_pull_and_wait(actor)
+        actor._swap_weights()
+        assert (actor.version, actor.incarnation) == (600, 12)
+        for name, value in actor.model.named_parameters():
+            torch.testing.assert_close(value.detach(), ps.weights[name])
+        # and the same number of the new life is not pulled again
+        request_pull_and_wait(actor)
+        assert ps.pulls_with_weights == 2
+    finally:
+        actor.stop()

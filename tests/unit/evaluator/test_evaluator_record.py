@@ -11,6 +11,7 @@ from amprl.envs.factory import env_spec
 from amprl.evaluator import evaluator as evaluator_mod
 from amprl.evaluator.evaluator import Evaluator
 from amprl.rl.models import build_model
+from amprl.paramserver.client import Pulled
 
 
 class OnePullPS:
@@ -20,11 +21,11 @@ class OnePullPS:
         self.weights = weights
         self.served = False
 
-    def pull(self, have_version=0, encoding="fp32", timeout=None):
+    def pull_versioned(self, have_version=0, have_incarnation=0, *, encoding="fp32", timeout=None):
         if self.served:
-            return 5, None
+            return Pulled(5, 3, None)
         self.served = True
-        return 5, {k: v.clone() for k, v in self.weights.items()}
+        return Pulled(5, 3, {k: v.clone() for k, v in self.weights.items()})
 
 
 def test_the_record_carries_the_time_its_weights_were_pulled_not_when_its_episodes_ended(monkeypatch):

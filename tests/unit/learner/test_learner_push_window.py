@@ -47,6 +47,7 @@ class FakePS:
         r = Reply()
         self.version = version if version is not None else self.version + 1
         r.version = self.version
+        r.incarnation = 1  # one server life throughout
         r.weights = []  # a real reply's repeated field: empty unless return_weights
         self.pushes[i][3].set_result(r)
 
@@ -346,3 +347,19 @@ def test_reported_loss_and_mean_q_average_the_last_log_window():
                 ps.reply(j)
     assert learner.stats.q_mean == pytest.approx(sum(qs) / LOG_WINDOW, rel=1e-5)
     assert learner.stats.loss == pytest.approx(sum(losses) / LOG_WINDOW, rel=1e-5)
+
+
+def test_a_push_reply_from_a_new_server_incarnation_resyncs_even_at_a_higher_version():
+    learner, ps = _learner()
+    learner.update(_batch(learner, 0))
+    ps.reply(0)  # incarnation 1: the server's life the learner knows from now on
+    assert not learner._resync.is_set()
+    learner.update(_batch(learner, 1))
+    # the server restarted in between (other weights); its version happens to be higher
+    ps.weights = {n: torch.full_like(w, 0.25) for n, w in ps.weights.items()}
+
+    class Reply:
+        version, incarnation, weights = 50, 2, []
+    ps.pushes[1][3].set_result(Reply())
+    assert learner._resync.is_set() and learner._want_pull.is_set()
+    assert learner.stats.pushes_applied == 1  # the new life's reply is not taken as ours
