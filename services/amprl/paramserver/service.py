@@ -167,7 +167,8 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
             raise
         result = store.apply_steps(request.base_version, steps, learner_id=request.learner_id,
                                    wire_bytes=sum(payload_bytes(msgs) for msgs, _ in parts),
-                                   snapshot=request.return_weights)
+                                   snapshot=request.return_weights,
+                                   caller_gone=lambda: not context.is_active())
         reply = paramserver_pb2.PushGradientsResponse(
             version=result.version,
             disposition=(paramserver_pb2.PUSH_DISPOSITION_SCALED if result.scaled

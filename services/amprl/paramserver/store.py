@@ -49,14 +49,14 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple, Self
+from typing import Callable, Mapping, NamedTuple, Self
 
 import torch
 from torch import nn
 from torch.optim.adam import adam as functional_adam
 
 from amprl.compression import nonfinite
-from amprl.errors import FailedPrecondition, InvalidArgument
+from amprl.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 
 DEFAULT_LIVE_WINDOW_S = 60.0
 DEFAULT_REORDER_WAIT_S = 1.0
@@ -124,6 +124,8 @@ class Counters:
     pushes_scaled: int = 0
     pushes_rejected_stale: int = 0
     pushes_rejected_invalid: int = 0
+    pushes_abandoned: int = 0
+    """Pushes not applied because their caller had gone (deadline passed, cancelled)."""
     max_staleness_accepted: int = 0
     staleness_sum: int = 0
     """Sum of the staleness of accepted pushes (its mean is logged at shutdown)."""
@@ -292,6 +294,7 @@ class VersionedWeights:
             "pushes_scaled": c.pushes_scaled,
             "pushes_rejected_stale": c.pushes_rejected_stale,
             "pushes_rejected_invalid": c.pushes_rejected_invalid,
+            "pushes_abandoned": c.pushes_abandoned,
             "max_staleness": c.max_staleness_accepted,
             "pulls_with_weights": c.pulls_with_weights,
             "pulls_unchanged": c.pulls_unchanged,
@@ -380,13 +383,16 @@ class ParameterStore(VersionedWeights):
 
     def apply_steps(self, base_version: int, steps: list[Step], *, learner_id: str = "",
                     wire_bytes: int = 0, snapshot: bool = False,
-                    trusted: bool = False) -> ApplyResult:
+                    trusted: bool = False,
+                    caller_gone: Callable[[], bool] | None = None) -> ApplyResult:
         """Applies consecutive optimizer steps of one push: step i was computed on
         ``base_version + i`` (the weights the steps before it make; a learner that applies
         its own steps locally batches them so). All steps are validated before any is
         applied; the staleness rule is judged once, on ``base_version`` (every step then
         has the same staleness), and the steps are applied back to back under the lock, one
-        version each. Arguments and errors as ``apply``."""
+        version each. Arguments and errors as ``apply``; when ``caller_gone`` says the
+        caller went away (its deadline passed while the push waited), nothing is applied
+        (DeadlineExceeded): a caller that saw its push fail must be able to count on it."""
         with self._lock:
             self.counters.gradient_bytes_received += int(wire_bytes)
             if learner_id:
@@ -408,6 +414,10 @@ class ParameterStore(VersionedWeights):
             if 0 < ahead <= self.max_staleness:  # pushes computed in order, arriving out of it
                 self.changed.wait_for(lambda: self.version >= int(base_version) or self.closed,
                                       timeout=self.reorder_wait_s)
+            if caller_gone is not None and caller_gone():
+                self.counters.pushes_abandoned += 1
+                raise DeadlineExceeded(f"push on version {base_version}: its caller went away "
+                                       f"before it was applied (not applied)")
             staleness = self.version - int(base_version)
             if staleness < 0 or staleness > self.max_staleness:
                 self.counters.pushes_rejected_stale += 1

@@ -370,6 +370,7 @@ class ParameterServiceInfoResponse(_message.Message):
     NUM_PARAMETERS_FIELD_NUMBER: _builtins.int
     TRANSITIONS_TRAINED_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    PUSHES_ABANDONED_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Current version (applied gradients since the run started, checkpoints included)."""
     pushes_applied: _builtins.int
@@ -406,6 +407,10 @@ class ParameterServiceInfoResponse(_message.Message):
     """Transitions in all applied batches."""
     incarnation: _builtins.int
     """The server's incarnation (see PullParametersResponse.incarnation)."""
+    pushes_abandoned: _builtins.int
+    """Pushes not applied because their caller had gone (its deadline passed while the push
+    waited to be applied in order): the caller saw them fail, so they must not count.
+    """
     def __init__(
         self,
         *,
@@ -427,10 +432,11 @@ class ParameterServiceInfoResponse(_message.Message):
         num_parameters: _builtins.int = ...,
         transitions_trained: _builtins.int = ...,
         incarnation: _builtins.int = ...,
+        pushes_abandoned: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "checkpoint_version", b"checkpoint_version", "clients_live", b"clients_live", "gradient_bytes_received", b"gradient_bytes_received", "incarnation", b"incarnation", "learners_live", b"learners_live", "live_window_seconds", b"live_window_seconds", "max_staleness", b"max_staleness", "num_parameters", b"num_parameters", "num_tensors", b"num_tensors", "pulls_unchanged", b"pulls_unchanged", "pulls_with_weights", b"pulls_with_weights", "pushes_applied", b"pushes_applied", "pushes_rejected_invalid", b"pushes_rejected_invalid", "pushes_rejected_stale", b"pushes_rejected_stale", "pushes_scaled", b"pushes_scaled", "transitions_trained", b"transitions_trained", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "checkpoint_version", b"checkpoint_version", "clients_live", b"clients_live", "gradient_bytes_received", b"gradient_bytes_received", "incarnation", b"incarnation", "learners_live", b"learners_live", "live_window_seconds", b"live_window_seconds", "max_staleness", b"max_staleness", "num_parameters", b"num_parameters", "num_tensors", b"num_tensors", "pulls_unchanged", b"pulls_unchanged", "pulls_with_weights", b"pulls_with_weights", "pushes_abandoned", b"pushes_abandoned", "pushes_applied", b"pushes_applied", "pushes_rejected_invalid", b"pushes_rejected_invalid", "pushes_rejected_stale", b"pushes_rejected_stale", "pushes_scaled", b"pushes_scaled", "transitions_trained", b"transitions_trained", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

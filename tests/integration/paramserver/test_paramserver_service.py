@@ -520,3 +520,22 @@ def test_a_new_server_life_sends_its_weights_even_under_the_version_number_held(
     first_msg = next(iter(stub.WatchParameters(paramserver_pb2.WatchParametersRequest(
         have_version=1, have_incarnation=one.incarnation), timeout=5)))
     assert (first_msg.version, first_msg.incarnation) == (1, two.incarnation)
+
+
+def test_a_push_whose_caller_went_away_while_it_waited_is_not_applied(start_server):
+    # max_staleness 4: a push based one version ahead waits (up to reorder_wait_s) for the
+    # push before it. Its caller gives up after 0.3 s; the push before it then arrives.
+    ps, client = start_server(max_staleness=4)
+    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    early = stub.PushGradients.future(paramserver_pb2.PushGradientsRequest(
+        base_version=1, gradients=fp32_grads(ps), learner_id="learner-0"), timeout=0.3)
+    with pytest.raises(grpc.RpcError) as gone:
+        early.result()
+    assert gone.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert client.push(0, fp32_grads(ps, seed=1)).version == 1
+    deadline = time.monotonic() + 5
+    while client.info().pushes_abandoned == 0:
+        assert time.monotonic() < deadline, "the abandoned push was never accounted for"
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert client.info().version == 1  # only the push whose caller waited for it
