@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 
 import torch
 
@@ -39,14 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     server, port = create_server(register(actor), host=args.host, port=args.port)
     cli.write_port_file(args.port_file, port)
     log.info("actor %s: epsilon %.4f, %d envs", actor_id, actor.epsilon, len(actor.envs))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    actor.run(stop)
-    actor.stop()
-    server.stop(1).wait()
-    return 0
+    def cleanup() -> None:
+        actor.stop()
+        server.stop(1).wait()
 
+    return cli.run_until_stopped(actor.run, cleanup)
 
 if __name__ == "__main__":
     sys.exit(main())

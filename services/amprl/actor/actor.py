@@ -34,6 +34,7 @@ from amprl.actor.exploration import apex_epsilon, derive_seed, gaussian_explorat
 from amprl.actor.nstep import NStepChunker
 from amprl.actor.policy import ActingPolicy, ActingQNetwork, acting_dtype
 from amprl.common.backoff import Backoff
+from amprl.common.supervise import Supervisor
 from amprl.config import ExperimentConfig
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
@@ -104,7 +105,7 @@ class Actor:
         self._stop = threading.Event()
         self._steps_since_send = 0
         self._run_stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads = Supervisor("actor")
 
     # -- weights ---------------------------------------------------------------------------
 
@@ -217,6 +218,7 @@ class Actor:
                 # larger than the limit goes alone).
                 while (self._unacked and self._unacked + size > limit
                        and not (self._stop.is_set() or self._run_stop.is_set())):
+                    self._threads.check()  # a dead sender acknowledges nothing
                     self._unacked_cv.wait(timeout=0.5)
                 if self._stop.is_set() or self._run_stop.is_set():
                     return
@@ -238,17 +240,15 @@ class Actor:
         except errors.AmprlError as exc:
             log.warning("initial pull failed (%s); acting with the seeded initial weights", exc)
         for target, name in ((self._send_loop, "send"), (self._pull_loop, "pull")):
-            t = threading.Thread(target=target, name=f"actor-{name}", daemon=True)
-            t.start()
-            self._threads.append(t)
+            self._threads.start(target, name)
 
     def stop(self) -> None:
         self._stop.set()
-        for t in self._threads:
-            t.join(timeout=5.0)
+        self._threads.join(timeout_s=5.0)
 
     def run(self, stop: threading.Event, max_steps: int | None = None) -> None:
-        """Steps the envs until ``stop`` is set (or ``max_steps`` env steps in all)."""
+        """Steps the envs until ``stop`` is set (or ``max_steps`` env steps in all). Raises
+        ThreadDied once the sender or the weight thread has died (the process should end)."""
         self._run_stop = stop
         # torch's (OpenMP) thread count is per OS thread: a thread that never set it runs
         # every op on a team of one thread per core, which spins against the env loop.
@@ -265,6 +265,7 @@ class Actor:
         refresh = self.cfg.actor.weight_refresh_steps
         next_refresh = refresh
         while not stop.is_set() and (max_steps is None or self.stats.env_steps < max_steps):
+            self._threads.check()
             self._swap_weights()
             obs = self.chunker.observations()
             if self.discrete:

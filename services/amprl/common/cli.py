@@ -25,12 +25,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
+from typing import Callable
 from urllib.parse import quote
 
 from amprl.config import ExperimentConfig, load_config
+from amprl.common.supervise import ThreadDied
 from amprl.errors import ConfigError
 
 
@@ -96,3 +100,21 @@ def write_port_file(path: str, port: int) -> None:
     tmp = Path(path + ".tmp")
     tmp.write_text(str(port))
     tmp.replace(path)
+
+
+def run_until_stopped(run: Callable[[threading.Event], None],
+                      cleanup: Callable[[], None]) -> int:
+    """A worker process's main loop: ``run(stop)`` until SIGTERM or SIGINT sets ``stop``,
+    then ``cleanup()``. Returns the exit status: 0, or 1 when a supervised background
+    thread died (the loop raised ThreadDied), so that Kubernetes restarts the pod."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        run(stop)
+    except ThreadDied as exc:
+        logging.getLogger("amprl").error("%s: exiting so that the pod is restarted", exc)
+        return 1
+    finally:
+        cleanup()
+    return 0

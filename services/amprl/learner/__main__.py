@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 
 import torch
 
@@ -38,16 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     server, port = create_server(register(learner), host=args.host, port=args.port or cfg.learner.port)
     cli.write_port_file(args.port_file, port)
     log.info("learner on %s (precision %s), status port %d", learner.device, cfg.learner.precision, port)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    learner.run(stop)
-    learner.stop()
-    server.stop(2).wait()
-    replay.close()
-    ps.close()
-    return 0
+    def cleanup() -> None:
+        learner.stop()
+        server.stop(2).wait()
+        replay.close()
+        ps.close()
 
+    return cli.run_until_stopped(learner.run, cleanup)
 
 if __name__ == "__main__":
     sys.exit(main())

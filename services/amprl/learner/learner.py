@@ -102,6 +102,7 @@ import numpy as np
 import torch
 
 from amprl import errors
+from amprl.common.supervise import Supervisor
 from amprl.compression import ErrorFeedback
 from amprl.config import ExperimentConfig
 from amprl.envs.spec import EnvSpec
@@ -215,7 +216,7 @@ class Learner:
         self._acc_items = 0
         self._acc_base = 0
         self._batches_pushed = 0
-        self._threads: list[threading.Thread] = []
+        self._threads = Supervisor("learner")
         # learner.pin_update_thread: the CPUs the process may use (empty: no pinning); the
         # update thread gets the lowest, the other threads the rest
         self._allowed_cpus: set[int] = set()
@@ -255,6 +256,10 @@ class Learner:
             except errors.InvalidArgument:
                 # the table is still smaller than several batches: ask for one
                 per_call = 1
+                continue
+            except errors.AmprlError as exc:  # e.g. RESOURCE_EXHAUSTED: retried, not fatal
+                log.warning("sample failed: %s", exc)
+                self._stop.wait(1.0)
                 continue
             for part in sampled.split(bs) if per_call > 1 else [sampled]:
                 if self.cfg.replay.is_weight_normalization == "batch":
@@ -354,9 +359,7 @@ class Learner:
                  self.cfg.paramserver.max_staleness)
         for target, name in ((self._prefetch_loop, "prefetch"), (self._priority_loop, "priorities"),
                              (self._pull_loop, "pull")):
-            t = threading.Thread(target=target, name=f"learner-{name}", daemon=True)
-            t.start()
-            self._threads.append(t)
+            self._threads.start(target, name)
 
     def stop(self) -> None:
         """Sends the steps not yet pushed and waits for the pushes in flight (a partly
@@ -364,8 +367,7 @@ class Learner:
         self._send_unsent()
         self._drain_pushes(0)
         self._stop.set()
-        for t in self._threads:
-            t.join(timeout=5.0)
+        self._threads.join(timeout_s=5.0)
         self._pin_threads(unpin=True)  # the process's threads may outlive this learner
         self.algo.close()
 
@@ -688,7 +690,9 @@ class Learner:
     # -- the update ------------------------------------------------------------------------
 
     def step(self, timeout: float = 1.0) -> bool:
-        """One update from the prefetch queue; False if no batch arrived within timeout."""
+        """One update from the prefetch queue; False if no batch arrived within timeout.
+        Raises ThreadDied once a background thread has died (the process should end)."""
+        self._threads.check()
         try:
             batch = self._batches.get_nowait()
         except queue.Empty:

@@ -7,8 +7,11 @@ import threading
 import time
 import types
 
+import pytest
+
 from amprl import errors
 from amprl.actor.actor import Actor
+from amprl.common.supervise import ThreadDied
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
 from amprl.replay.testing import make_chunk
@@ -110,3 +113,21 @@ def test_a_refused_insert_is_resent_whole_after_growing_jittered_pauses():
         assert pauses[0] >= 0.05 and pauses[2] >= 0.2, pauses
         assert actor.stats.insert_retries == 3 and actor.stats.insert_errors == 0
         assert actor.stats.transitions_sent == 8
+
+
+class BuggyReplay:
+    def insert(self, actor_id, items, timeout=None, cancel=None):
+        raise AttributeError("a bug in the sender's path")
+
+
+def test_a_sender_that_died_ends_the_env_loop_with_the_cause_instead_of_hanging():
+    cfg = load_config(overrides=["algo=dqn", "env.id=CartPole-v1", "actor.envs_per_actor=2",
+                                 "actor.chunk_transitions=16", "actor.max_unacked_transitions=32"])
+    actor = Actor(cfg, env_spec(cfg.env), "actor-bug", replay=BuggyReplay(),
+                  paramserver=NoWeightsServer())
+    actor.start()
+    try:
+        with pytest.raises(ThreadDied, match="send thread died: AttributeError"):
+            actor.run(threading.Event(), max_steps=100_000)
+    finally:
+        actor.stop()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from amprl import errors
+from amprl.common.supervise import ThreadDied
 from amprl.compression import decode, encode
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
@@ -363,3 +364,34 @@ def test_a_push_reply_from_a_new_server_incarnation_resyncs_even_at_a_higher_ver
     ps.pushes[1][3].set_result(Reply())
     assert learner._resync.is_set() and learner._want_pull.is_set()
     assert learner.stats.pushes_applied == 1  # the new life's reply is not taken as ours
+
+
+class _Replay:
+    """sample raises the errors given, in turn, then a bug."""
+
+    def __init__(self, *errors_first):
+        self.errors = list(errors_first)
+        self.calls = 0
+
+    def sample(self, batch_size, beta, timeout=None):
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        raise RuntimeError("a bug below the prefetch thread")
+
+    def update_priorities(self, keys, priorities, timeout=None):
+        pass
+
+
+def test_a_prefetch_thread_that_died_stops_the_learner_instead_of_leaving_it_idle():
+    learner, _ = _learner()
+    # a full shard is retried (not fatal); a bug ends the learner with its cause
+    learner.replay = _Replay(errors.ResourceExhausted("256 Sample calls are already open"))
+    learner.start()
+    try:
+        with pytest.raises(ThreadDied, match="prefetch thread died: RuntimeError"):
+            for _ in range(20):
+                learner.step(timeout=0.5)
+        assert learner.replay.calls == 2
+    finally:
+        learner.stop()
