@@ -127,6 +127,11 @@ def test_every_server_listens_on_the_port_its_service_and_probes_name(rendered, 
         assert int(env["AMPRL_PORT"]) == ports["grpc"], doc["metadata"]["name"]
         if container["name"] == "paramserver":
             assert int(env["AMPRL_PULL_PORT"]) == ports["grpc-pull"] != ports["grpc"]
+        # a server drains (NOT_SERVING) for AMPRL_DRAIN_S after SIGTERM, then stops with 5 s
+        # of grace: the kubelet must not kill it before
+        if container["name"] in ("replay", "paramserver", "paramserver-follower"):
+            grace = doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            assert grace >= float(env["AMPRL_DRAIN_S"]) + 5, (doc["metadata"]["name"], grace)
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             spec = container[probe]
             # startup and liveness ask "liveness" (SERVING while the server answers);

@@ -150,6 +150,10 @@ checksum/experiment: {{ toYaml .Values.experiment | sha256sum }}
   value: {{ .port | quote }}
 - name: AMPRL_LOG_LEVEL
   value: {{ .ctx.Values.logLevel | quote }}
+{{- if .drain }}
+- name: AMPRL_DRAIN_S
+  value: {{ .ctx.Values.drainSeconds | quote }}
+{{- end }}
 - name: AMPRL_RUN_DIR
   value: /var/lib/amprl
 - name: HOME

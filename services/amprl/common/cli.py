@@ -16,6 +16,8 @@ environment (a flag wins over its variable):
   --id NAME            AMPRL_ID / HOSTNAME       identity (actor id; the pod name on k8s)
   --run-dir DIR        AMPRL_RUN_DIR             run folder (checkpoints, logs, eval history)
   --port-file PATH                               write the bound port here once serving
+  --drain-s S          AMPRL_DRAIN_S             servers: NOT_SERVING for S seconds after
+                                                 SIGTERM, then stop (default 0)
                        AMPRL_TLS_CERT_DIR        TLS on every server and client (see
                        AMPRL_TLS_SERVER_NAME     amprl.common.grpcutil)
 """
@@ -55,6 +57,8 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=env("AMPRL_RUN_DIR", ""))
     p.add_argument("--port-file", default="", help="write the bound port to this file")
     p.add_argument("--log-level", default=env("AMPRL_LOG_LEVEL", "INFO"))
+    p.add_argument("--drain-s", type=float, default=float(env("AMPRL_DRAIN_S") or 0),
+                   help="servers: seconds of NOT_SERVING after SIGTERM before stopping")
     return p
 
 

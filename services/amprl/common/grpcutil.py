@@ -145,8 +145,10 @@ def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str
 
 
 def wait_for_termination(server: grpc.Server, grace_s: float = 5.0,
-                         on_stop: Callable[[], None] | None = None) -> None:
-    """Serves until SIGTERM/SIGINT, then marks health NOT_SERVING and stops with grace."""
+                         on_stop: Callable[[], None] | None = None, drain_s: float = 0.0) -> None:
+    """Serves until SIGTERM/SIGINT, then marks health NOT_SERVING, keeps serving for
+    ``drain_s`` (so readiness probes take the server out of rotation before it goes), and
+    stops with ``grace_s`` for the calls still open."""
     done = threading.Event()
 
     def _stop(signum, _frame):
@@ -159,6 +161,10 @@ def wait_for_termination(server: grpc.Server, grace_s: float = 5.0,
     hs = getattr(server, "health_servicer", None)
     if hs is not None:
         hs.enter_graceful_shutdown()
+    if drain_s > 0:
+        log.info("NOT_SERVING: draining for %.0f s before stopping", drain_s)
+        done.clear()
+        done.wait(drain_s)  # a second signal cuts the drain short
     if on_stop is not None:
         on_stop()
     server.stop(grace_s).wait()

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None,
         if periodic:
             periodic.stop()
 
-    grpcutil.wait_for_termination(ps.server, grace_s=5.0, on_stop=on_stop)
+    grpcutil.wait_for_termination(ps.server, grace_s=5.0, on_stop=on_stop, drain_s=args.drain_s)
     for event in pull_stopped:
         event.wait()
     if ckpt:
@@ -139,7 +139,8 @@ def follow(args, cfg: ExperimentConfig, model: nn.Module) -> int:
         fs.follower.stop()
         fs.server.servicer.close()  # end watch streams so the grace period is not spent on them
 
-    grpcutil.wait_for_termination(fs.server.server, grace_s=5.0, on_stop=on_stop)
+    grpcutil.wait_for_termination(fs.server.server, grace_s=5.0, on_stop=on_stop,
+                                  drain_s=args.drain_s)
     if fs.follower.error is not None:
         log.error("stopped: %s", fs.follower.error)
         return 1

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.write_port_file(args.port_file, replay.port)
         log.info("replay ready on port %d (redis %s)", replay.port, redis_url.split("@")[-1])
         try:
-            wait_for_termination(replay.server)
+            wait_for_termination(replay.server, drain_s=args.drain_s)
         finally:
             replay.table.storage.close()
     finally:

@@ -253,3 +253,40 @@ def test_health_is_not_serving_while_redis_is_down_and_serving_once_it_is_back(t
         if restarted is not None:
             restarted.stop()
         node.stop()
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_drains_not_serving_then_stops(tmp_path):
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "amprl.replay", "--host", "127.0.0.1",
+                             "--port-file", str(port_file), "--run-dir", str(tmp_path),
+                             "--drain-s", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    pid_file = tmp_path / "redis" / "redis-server.pid"
+    try:
+        deadline = time.monotonic() + 45
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        address = f"127.0.0.1:{port_file.read_text()}"
+        wait_until_serving(address)
+        with grpc.insecure_channel(address) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            os.kill(proc.pid, signal.SIGTERM)
+            sent = time.monotonic()
+            time.sleep(0.5)
+            # still answering, but out of rotation
+            status = health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert proc.wait(20) == 0
+            assert time.monotonic() - sent >= 2.0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
