@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -96,7 +97,11 @@ class Actor:
         self.chunker = NStepChunker(n, cfg.n_step, cfg.gamma, spec.frame_stack, cfg.actor.chunk_transitions)
         # Chunks built but not yet acknowledged by replay (queued or in an Insert call), in
         # transitions; the env loop waits while they exceed actor.max_unacked_transitions.
+        # (chunk, priorities, env_steps, sequence): chunks numbered 1, 2, ... in this process
+        # (its random incarnation_id), so a resent call is stored at most once
         self._outbox: queue.Queue = queue.Queue()
+        self.incarnation_id = secrets.randbelow(2**63 - 1) + 1
+        self._sequence = 0
         self._unacked = 0
         self._unacked_cv = threading.Condition()
         self._pending: tuple[int, int, dict] | None = None  # (version, incarnation, weights)
@@ -175,7 +180,7 @@ class Actor:
                 self._insert(items)
             finally:
                 with self._unacked_cv:
-                    self._unacked -= sum(len(chunk.actions) for chunk, _, _ in items)
+                    self._unacked -= sum(len(chunk.actions) for chunk, _, _, _ in items)
                     self._unacked_cv.notify_all()
 
     def _insert(self, items) -> None:
@@ -186,8 +191,10 @@ class Actor:
         backoff = Backoff()
         while True:
             try:
-                reply = self.replay.insert(self.actor_id, items, timeout=INSERT_TIMEOUT_S,
-                                           cancel=self._stop)
+                reply = self.replay.insert(self.actor_id, [item[:3] for item in items],
+                                           timeout=INSERT_TIMEOUT_S, cancel=self._stop,
+                                           incarnation=self.incarnation_id,
+                                           first_sequence=items[0][3])
                 self.stats.transitions_sent += int(reply.transitions_stored)
                 return
             except (errors.DeadlineExceeded, errors.ResourceExhausted, errors.Unavailable) as exc:
@@ -209,7 +216,8 @@ class Actor:
         for chunk, td_abs in scored:
             prios = td_abs + eps
             env_steps, self._steps_since_send = self._steps_since_send, 0
-            item = (chunk, prios, env_steps)
+            self._sequence += 1
+            item = (chunk, prios, env_steps, self._sequence)
             size = len(chunk.actions)
             limit = self.cfg.actor.max_unacked_transitions
             with self._unacked_cv:

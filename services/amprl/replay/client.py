@@ -95,8 +95,10 @@ def sampled_batch_from_proto(resp: replay_pb2.SampleResponse) -> SampledBatch:
 
 
 def insert_request(actor_id: str, chunk: Chunk, priorities: np.ndarray,
-                   env_steps: int = 0) -> replay_pb2.InsertRequest:
-    req = replay_pb2.InsertRequest(actor_id=actor_id, env_steps=int(env_steps))
+                   env_steps: int = 0, incarnation: int = 0,
+                   sequence: int = 0) -> replay_pb2.InsertRequest:
+    req = replay_pb2.InsertRequest(actor_id=actor_id, env_steps=int(env_steps),
+                                   incarnation=incarnation, sequence=sequence)
     chunk_to_proto(chunk, req.chunk)
     tensor_to_proto(np.asarray(priorities, dtype=np.float32), req.priorities)
     return req
@@ -117,14 +119,18 @@ class ReplayClient:
     def insert(self, actor_id: str,
                items: Iterable[tuple[Chunk, np.ndarray, int]],
                timeout: float | None = None,
-               cancel: threading.Event | None = None) -> replay_pb2.InsertResponse:
+               cancel: threading.Event | None = None, *,
+               incarnation: int = 0, first_sequence: int = 0) -> replay_pb2.InsertResponse:
         """Streams ``(chunk, priorities float32 [T], env_steps)`` items as one Insert call;
         returns once every chunk is stored (the response counts them). Setting ``cancel``
         ends a call still waiting (DeadlineExceeded): how a stopping actor leaves the rate
-        limiter's queue without waiting out a long deadline."""
+        limiter's queue without waiting out a long deadline. With an ``incarnation``, the
+        items are numbered ``first_sequence``, ``first_sequence + 1``, ...: resent with the
+        same numbers, replay stores each at most once."""
         def requests() -> Iterator[replay_pb2.InsertRequest]:
-            for chunk, priorities, env_steps in items:
-                yield insert_request(actor_id, chunk, priorities, env_steps)
+            for i, (chunk, priorities, env_steps) in enumerate(items):
+                yield insert_request(actor_id, chunk, priorities, env_steps, incarnation,
+                                     first_sequence + i if incarnation else 0)
         return self.insert_requests(requests(), timeout=timeout, cancel=cancel)
 
     def insert_requests(self, requests: Iterable[replay_pb2.InsertRequest],
@@ -242,10 +248,10 @@ class ShardedReplayClient:
 
     def insert(self, actor_id: str, items: Iterable[tuple[Chunk, np.ndarray, int]],
                timeout: float | None = None,
-               cancel: threading.Event | None = None) -> replay_pb2.InsertResponse:
+               cancel: threading.Event | None = None, **numbering) -> replay_pb2.InsertResponse:
         """Inserts into the actor's own shard (its ``size`` is that shard's)."""
-        return self.shards[shard_for(actor_id, len(self.shards))].insert(actor_id, items, timeout,
-                                                                         cancel)
+        return self.shards[shard_for(actor_id, len(self.shards))].insert(
+            actor_id, items, timeout, cancel, **numbering)
 
     def _pick_shard(self, timeout: float | None) -> int:
         now = time.monotonic()

@@ -39,7 +39,7 @@ from amprl.envs.spec import EnvSpec
 from amprl.replay.actors import LIVE_WINDOW_S, ActorRegistry
 from amprl.replay.ratelimiter import RateLimiter
 from amprl.replay.storage import ReplayStorage
-from amprl.replay.table import ReplayTable, SampleResult
+from amprl.replay.table import ReplayTable, SampleResult, Sender
 from amprl.v1 import replay_pb2, replay_pb2_grpc
 from amprl.wire.tensors import tensor_from_proto, tensor_to_proto
 from amprl.wire.transitions import InvalidChunk, check_chunks_values, chunk_from_proto
@@ -201,20 +201,23 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         # chunk is reported, and at the end of the call, always before the response.
         table = self.table
         max_transitions = max(1, min(GROUP_MAX_TRANSITIONS, table.capacity // 16))
-        stored_chunks = stored = 0
+        stored_chunks = stored = duplicates = 0
         group: list = []
+        group_seqs: list[int] = []
         group_t = group_bytes = 0
         group_start = 0.0
         actor_id = ""
+        incarnation = 0
 
         async def flush() -> None:
             # Value checks run here, over the whole group at once; a bad chunk still stores
             # the chunks before it and nothing of itself.
-            nonlocal stored_chunks, stored, group, group_t, group_bytes, received
+            nonlocal stored_chunks, stored, duplicates, group, group_seqs, group_t, group_bytes
+            nonlocal received
             if not group:
                 return
-            items, t, nbytes = group, group_t, group_bytes
-            group, group_t, group_bytes = [], 0, 0
+            items, seqs, t, nbytes = group, group_seqs, group_t, group_bytes
+            group, group_seqs, group_t, group_bytes = [], [], 0, 0
             try:
                 bad = await self._run(self._insert_pool, self._check_group, items)
                 good = items if bad is None else items[:bad[0]]
@@ -225,16 +228,18 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                                                    continuing=stored_chunks > 0):
                         # Once admitted, the group is stored even if the caller goes away
                         # (the worker thread cannot be stopped), and counted as stored.
+                        sender = Sender(actor_id, incarnation, seqs[:len(good)])
                         work = asyncio.ensure_future(
-                            self._run(self._insert_pool, table.insert_many, good))
+                            self._run(self._insert_pool, table.insert_many, good, sender))
                         try:
-                            await asyncio.shield(work)
+                            result = await asyncio.shield(work)
                         except asyncio.CancelledError:
                             gone = True
-                            await work
+                            result = await work
                     self.actors.saw(actor_id)
-                    stored_chunks += len(good)
+                    stored_chunks += len(good)  # a resent chunk stored before counts too
                     stored += n
+                    duplicates += result.duplicate_chunks
                     if gone:
                         raise asyncio.CancelledError
             finally:
@@ -291,15 +296,16 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                     await flush()
                     raise
                 received += 1
-                if group and (request.actor_id != actor_id
+                if group and (request.actor_id != actor_id or request.incarnation != incarnation
                               or group_t + len(chunk) > max_transitions
                               or group_bytes + chunk.frames.nbytes > GROUP_MAX_BYTES
                               or time.monotonic() - group_start > GROUP_MAX_AGE_S):
                     await flush()
                 if not group:
                     group_start = time.monotonic()
-                actor_id = request.actor_id
+                actor_id, incarnation = request.actor_id, request.incarnation
                 group.append((chunk, priorities, request.env_steps))
+                group_seqs.append(request.sequence)
                 group_t += len(chunk)
                 group_bytes += chunk.frames.nbytes
                 self.pending_insert_bytes += chunk.frames.nbytes
@@ -313,7 +319,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 read.cancel()
             self._release(group_bytes)  # a group the call ended with, unstored
         return replay_pb2.InsertResponse(chunks_stored=stored_chunks, transitions_stored=stored,
-                                         size=table.size)
+                                         size=table.size, chunks_duplicate=duplicates)
 
     def _release(self, nbytes: int) -> None:
         """Received chunks of ``nbytes`` left memory (stored, refused or dropped)."""

@@ -11,6 +11,9 @@ Every key starts with a prefix (``amprl:replay:<table>``, written ``{p}`` below)
     {p}:chunk:<id>    hash    meta: a fixed header and the chunk's arrays (see ChunkMeta);
                               frames: the chunk's F frames, each encoded on its own (lz4
                               block or raw bytes) and concatenated; meta holds the offsets.
+    {p}:senders       hash    actor id -> "<incarnation>:<sequence>" of the newest chunk it
+                              stored (inserts that number their chunks are stored at most
+                              once; written in the insert's transaction).
     {p}:priorities    string  capacity x 4 bytes: the priority p_i of slot i as a big-endian
                               float32. A batch of scattered slots is rewritten by one small
                               Lua script (_SET_PRIORITIES) that takes the (slot, value) pairs
@@ -135,6 +138,7 @@ class ReplayStorage:
         self._counters = f"{prefix}:counters"
         self._priorities = f"{prefix}:priorities"
         self._layout = f"{prefix}:layout"
+        self._senders = f"{prefix}:senders"
         self._set_priorities = client.register_script(_SET_PRIORITIES)
 
     @classmethod
@@ -152,12 +156,18 @@ class ReplayStorage:
 
     def write_chunk(self, meta: bytes, chunk_id: int, frames: bytes,
                     priority_ranges: Sequence[tuple[int, np.ndarray]], counters: dict[str, int],
-                    delete_chunks: Iterable[int]) -> None:
+                    delete_chunks: Iterable[int], senders: dict[str, str] | None = None,
+                    forget_senders: Sequence[str] = ()) -> None:
         """Stores a chunk, its slots' priorities (``(first_slot, float32 values)`` ranges),
-        the counters, and deletes emptied chunks: all or nothing."""
+        the counters, the sender's newest sequence (``senders``), deletes emptied chunks and
+        forgotten senders: all or nothing."""
         try:
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(self.chunk_key(chunk_id), mapping={"meta": meta, "frames": frames})
+            if senders:
+                pipe.hset(self._senders, mapping=senders)
+            if forget_senders:
+                pipe.hdel(self._senders, *forget_senders)
             for slot, values in priority_ranges:
                 pipe.setrange(self._priorities, 4 * int(slot), values.astype(">f4").tobytes())
             pipe.hset(self._counters, mapping=counters)
@@ -208,6 +218,18 @@ class ReplayStorage:
         except redis.RedisError as exc:
             raise _unavailable(exc) from exc
         return {name: int(raw.get(name.encode(), 0)) for name in COUNTERS}
+
+    def load_senders(self) -> dict[str, tuple[int, int]]:
+        """Actor id -> (incarnation, sequence) of the newest numbered chunk it stored."""
+        try:
+            raw = self.redis.hgetall(self._senders)
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+        out = {}
+        for actor, value in raw.items():
+            incarnation, _, sequence = value.decode().partition(":")
+            out[actor.decode()] = (int(incarnation), int(sequence))
+        return out
 
     def load_priorities(self, capacity: int) -> np.ndarray:
         """float32 [capacity] (slots never written read as 0)."""

@@ -48,6 +48,7 @@ import collections
 import logging
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import lz4.block
 import numpy as np
@@ -64,6 +65,33 @@ log = logging.getLogger(__name__)
 # Frame ring slots per transition beyond the 2 * stack a transition can reference: room for
 # the unreferenced frames of chunks sent with contiguous frames (n-step gaps, short chunks).
 FRAME_SLACK = 4
+
+
+MAX_TRACKED_SENDERS = 16_384
+"""Actors whose newest chunk sequence a table remembers (the longest silent is forgotten
+beyond it: a resend from an actor silent that long is stored again)."""
+
+
+class Sender(NamedTuple):
+    """Who sends an insert, for storing each numbered chunk at most once."""
+
+    actor_id: str
+    incarnation: int
+    """The actor process's random incarnation; 0 = its chunks are not numbered."""
+    sequences: list[int]
+    """Each item's number within the incarnation."""
+
+
+class Stored(NamedTuple):
+    """What ``insert_many`` stored, and what it found stored already."""
+
+    first_key: int
+    """Key of the first stored transition (the others follow); next_key when none."""
+    chunks: int
+    transitions: int
+    duplicate_chunks: int
+    """Items this table had stored for the sender before (left out)."""
+    duplicate_transitions: int
 
 
 @dataclass
@@ -184,6 +212,8 @@ class ReplayTable:
         self.missing = 0
         """Keys in [oldest_key, next_key) whose chunk Redis lost (never sampled)."""
         self._lost: set[int] = set()  # live chunk ids whose data Redis lost
+        # actor id -> (incarnation, newest sequence stored), the least recent first
+        self._senders: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
         self.next_chunk = self.oldest_chunk = 0
         self.next_frame = 0
         self.inserted_total = self.env_steps_total = 0
@@ -230,6 +260,7 @@ class ReplayTable:
                 f"different layout ({', '.join(f'{k}: stored {stored.get(k)!r}, now {layout.get(k)!r}' for k in diff)}); "
                 f"use another Redis database or prefix, or delete the old data")
         c = self.storage.load_counters()
+        self._senders.update(self.storage.load_senders())
         self.next_key, self.oldest_key = c["next_key"], c["oldest_key"]
         self.next_chunk, self.oldest_chunk = c["next_chunk"], c["oldest_chunk"]
         self.next_frame = c["next_frame"]
@@ -397,11 +428,41 @@ class ReplayTable:
 
         Returns the key of the chunk's first transition; the others follow consecutively.
         """
-        return self.insert_many([(chunk, priorities, env_steps)])
+        return self.insert_many([(chunk, priorities, env_steps)]).first_key
 
-    def insert_many(self, items: list[tuple[Chunk, np.ndarray, int]]) -> int:
+    def insert_many(self, items: list[tuple[Chunk, np.ndarray, int]],
+                    sender: Sender | None = None) -> Stored:
         """Stores consecutive chunks of one actor as ONE stored chunk, in one Redis
-        transaction (all or nothing). Returns the first key; the rest follow in order."""
+        transaction (all or nothing); their keys are consecutive from ``Stored.first_key``.
+
+        With ``sender`` (the actor's id, incarnation and each item's sequence number), items
+        that this table already stored for that sender are left out and counted as
+        duplicates: a resent chunk is stored at most once, also after a restart (the
+        sender's newest sequence is stored with the chunk)."""
+        while True:
+            keep = self._new_items(items, sender)
+            dups = [c for i, (c, _, _) in enumerate(items) if i not in set(keep)]
+            if not keep:
+                return Stored(self.next_key, 0, 0, len(dups), sum(len(c) for c in dups))
+            prepared = self._prepare([items[i] for i in keep])
+            with self.lock:
+                if self._new_items(items, sender) != keep:
+                    continue  # another call of this sender stored some meanwhile: again
+                sequences = [sender.sequences[i] for i in keep] if sender is not None else []
+                first = self._store(prepared, sender, sequences)
+            return Stored(first, len(keep), len(prepared[0]), len(dups), sum(len(c) for c in dups))
+
+    def _new_items(self, items: list, sender: Sender | None) -> list[int]:
+        """Indices of ``items`` not yet stored for ``sender`` (all without one)."""
+        if sender is None or not sender.incarnation:
+            return list(range(len(items)))
+        incarnation, newest = self._senders.get(sender.actor_id, (0, 0))
+        if incarnation != sender.incarnation:
+            return list(range(len(items)))
+        return [i for i, seq in enumerate(sender.sequences) if seq > newest]
+
+    def _prepare(self, items: list[tuple[Chunk, np.ndarray, int]]) -> tuple:
+        """The work of an insert that needs no lock: merge, check, encode the frames."""
         prios = [self.check_chunk(c, p, values=False) for c, p, _ in items]
         chunk = merge_chunks([c for c, _, _ in items])
         priorities = prios[0] if len(prios) == 1 else np.concatenate(prios)
@@ -414,7 +475,6 @@ class ReplayTable:
         if num_frames > self.frame_capacity:
             raise InvalidArgument(f"chunk.frames: {num_frames} frames exceed the frame ring "
                                   f"({self.frame_capacity})")
-        # Work that needs no lock: encode frames and the chunk's arrays.
         if self.compression == "none":
             encoded = None
             frames_blob = np.ascontiguousarray(chunk.frames).tobytes()
@@ -429,75 +489,91 @@ class ReplayTable:
             np.cumsum([len(e) for e in encoded], out=offsets[1:])
             frames_blob = b"".join(encoded)
         p_alpha = priorities.astype(np.float64) ** self.alpha
+        return chunk, priorities, env_steps, encoded, frames_blob, offsets, p_alpha
 
-        with self.lock:
-            cid, first, fbase = self.next_chunk, self.next_key, self.next_frame
-            end_key, end_frame = first + t, fbase + num_frames
-            # FIFO: make room for t transitions, and keep the frame ring from wrapping onto
-            # frames of live chunks.
-            new_oldest = max(self.oldest_key, end_key - self.capacity)
-            dead: list[int] = []
-            for c_id, c_first, c_t, c_fbase, _ in self.chunks:
-                if c_first + c_t <= new_oldest:
-                    dead.append(c_id)
-                elif c_fbase < end_frame - self.frame_capacity:
-                    dead.append(c_id)
-                    new_oldest = c_first + c_t
-                else:
-                    break
-            new_oldest_chunk = dead[-1] + 1 if dead else self.oldest_chunk
-            meta = ChunkMeta(cid, first, fbase, chunk.obs_idx, chunk.next_obs_idx, chunk.actions,
-                             chunk.rewards, chunk.discounts, offsets)
-            slots = (first + np.arange(t, dtype=np.int64)) % self.capacity
-            ranges = []
-            s0 = int(slots[0])
-            n0 = min(t, self.capacity - s0)
-            ranges.append((s0, priorities[:n0]))
-            if n0 < t:
-                ranges.append((0, priorities[n0:]))
-            self._write_or_explain_full(
-                self.storage.write_chunk, meta.encode(), cid, frames_blob, ranges,
-                self._counters(next_key=end_key, oldest_key=new_oldest, next_chunk=cid + 1,
-                               oldest_chunk=new_oldest_chunk, next_frame=end_frame,
-                               inserted_total=self.inserted_total + t,
-                               env_steps_total=self.env_steps_total + int(env_steps)),
-                dead)
-
-            # Redis holds it: now memory.
-            evicted = np.arange(self.oldest_key, new_oldest, dtype=np.int64)
-            if self.missing:
-                self.missing -= int((self.slot_key[evicted % self.capacity] != evicted).sum())
-            evicted = evicted[evicted + self.capacity >= end_key]  # not overwritten below
-            ev_slots = evicted % self.capacity
-            self.slot_key[ev_slots] = -1
-            self.priorities[ev_slots] = 0
-            for c_id in dead:
-                self._uncache(c_id)
-                self.chunks.popleft()
-                self._offsets.pop(c_id, None)
-                self._lost.discard(c_id)
-            self.slot_key[slots] = first + np.arange(t, dtype=np.int64)
-            self.obs_fid[slots] = fbase + chunk.obs_idx
-            self.next_fid[slots] = fbase + chunk.next_obs_idx
-            self.actions[slots] = chunk.actions
-            self.rewards[slots] = chunk.rewards
-            self.discounts[slots] = chunk.discounts
-            self.priorities[slots] = priorities
-            self.tree.update(np.concatenate([ev_slots, slots]),
-                             np.concatenate([np.zeros(ev_slots.size), p_alpha]))
-            self.frame_chunk[self._frame_slots(fbase, num_frames)] = cid
-            self.chunks.append((cid, first, t, fbase, num_frames))
-            self._offsets[cid] = offsets
-            if self.dense:
-                self.frame_pool[self._frame_slots(fbase, num_frames)] = chunk.frames
+    def _store(self, prepared: tuple, sender: Sender | None, sequences: list[int]) -> int:
+        """Writes a prepared insert to Redis, then to the index (lock held); the first key."""
+        chunk, priorities, env_steps, encoded, frames_blob, offsets, p_alpha = prepared
+        t = len(chunk)
+        num_frames = int(chunk.frames.shape[0])
+        senders: dict[str, str] = {}
+        forget: list[str] = []
+        if sender is not None and sender.incarnation:
+            senders[sender.actor_id] = f"{sender.incarnation}:{max(sequences)}"
+            if sender.actor_id not in self._senders and len(self._senders) >= MAX_TRACKED_SENDERS:
+                forget.append(next(iter(self._senders)))  # the longest silent
+        cid, first, fbase = self.next_chunk, self.next_key, self.next_frame
+        end_key, end_frame = first + t, fbase + num_frames
+        # FIFO: make room for t transitions, and keep the frame ring from wrapping onto
+        # frames of live chunks.
+        new_oldest = max(self.oldest_key, end_key - self.capacity)
+        dead: list[int] = []
+        for c_id, c_first, c_t, c_fbase, _ in self.chunks:
+            if c_first + c_t <= new_oldest:
+                dead.append(c_id)
+            elif c_fbase < end_frame - self.frame_capacity:
+                dead.append(c_id)
+                new_oldest = c_first + c_t
             else:
-                self._cache_frames(cid, encoded)
-            self.next_key, self.oldest_key = end_key, new_oldest
-            self.next_chunk, self.oldest_chunk = cid + 1, new_oldest_chunk
-            self.next_frame = end_frame
-            self.inserted_total += t
-            self.env_steps_total += int(env_steps)
-            return first
+                break
+        new_oldest_chunk = dead[-1] + 1 if dead else self.oldest_chunk
+        meta = ChunkMeta(cid, first, fbase, chunk.obs_idx, chunk.next_obs_idx, chunk.actions,
+                         chunk.rewards, chunk.discounts, offsets)
+        slots = (first + np.arange(t, dtype=np.int64)) % self.capacity
+        ranges = []
+        s0 = int(slots[0])
+        n0 = min(t, self.capacity - s0)
+        ranges.append((s0, priorities[:n0]))
+        if n0 < t:
+            ranges.append((0, priorities[n0:]))
+        self._write_or_explain_full(
+            self.storage.write_chunk, meta.encode(), cid, frames_blob, ranges,
+            self._counters(next_key=end_key, oldest_key=new_oldest, next_chunk=cid + 1,
+                           oldest_chunk=new_oldest_chunk, next_frame=end_frame,
+                           inserted_total=self.inserted_total + t,
+                           env_steps_total=self.env_steps_total + int(env_steps)),
+            dead, senders, forget)
+
+        # Redis holds it: now memory.
+        for actor in forget:
+            self._senders.pop(actor, None)
+        if senders:
+            self._senders[sender.actor_id] = (sender.incarnation, max(sequences))
+            self._senders.move_to_end(sender.actor_id)
+        evicted = np.arange(self.oldest_key, new_oldest, dtype=np.int64)
+        if self.missing:
+            self.missing -= int((self.slot_key[evicted % self.capacity] != evicted).sum())
+        evicted = evicted[evicted + self.capacity >= end_key]  # not overwritten below
+        ev_slots = evicted % self.capacity
+        self.slot_key[ev_slots] = -1
+        self.priorities[ev_slots] = 0
+        for c_id in dead:
+            self._uncache(c_id)
+            self.chunks.popleft()
+            self._offsets.pop(c_id, None)
+            self._lost.discard(c_id)
+        self.slot_key[slots] = first + np.arange(t, dtype=np.int64)
+        self.obs_fid[slots] = fbase + chunk.obs_idx
+        self.next_fid[slots] = fbase + chunk.next_obs_idx
+        self.actions[slots] = chunk.actions
+        self.rewards[slots] = chunk.rewards
+        self.discounts[slots] = chunk.discounts
+        self.priorities[slots] = priorities
+        self.tree.update(np.concatenate([ev_slots, slots]),
+                         np.concatenate([np.zeros(ev_slots.size), p_alpha]))
+        self.frame_chunk[self._frame_slots(fbase, num_frames)] = cid
+        self.chunks.append((cid, first, t, fbase, num_frames))
+        self._offsets[cid] = offsets
+        if self.dense:
+            self.frame_pool[self._frame_slots(fbase, num_frames)] = chunk.frames
+        else:
+            self._cache_frames(cid, encoded)
+        self.next_key, self.oldest_key = end_key, new_oldest
+        self.next_chunk, self.oldest_chunk = cid + 1, new_oldest_chunk
+        self.next_frame = end_frame
+        self.inserted_total += t
+        self.env_steps_total += int(env_steps)
+        return first
 
     def _write_or_explain_full(self, write, *args) -> None:
         try:
@@ -643,10 +719,13 @@ class ReplayTable:
     def reconcile(self) -> int:
         """Checks that Redis still holds every live chunk (after it restarted, possibly
         without its last writes) and marks the keys of those it lacks missing; writes the
-        layout again if Redis lost it. Returns the transitions newly missing."""
+        layout again if Redis lost it and takes each sender's newest stored sequence from
+        it. Returns the transitions newly missing."""
         with self.lock:
             if self.storage.load_layout() is None:
                 self.storage.write_layout(_layout(self.spec, self.capacity, self.compression))
+            # what each sender has stored is what Redis holds now: a chunk it lost is new
+            self._senders = collections.OrderedDict(self.storage.load_senders())
             held = [e for e in self.chunks if e[2] > 0 and e[0] not in self._lost]
             exists = self.storage.chunks_exist([e[0] for e in held])
             newly = 0

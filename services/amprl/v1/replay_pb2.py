@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from amprl.v1 import tensor_pb2 as amprl_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61mprl/v1/replay.proto\x12\x08\x61mprl.v1\x1a\x15\x61mprl/v1/tensor.proto\"\x91\x02\n\x0fTransitionBatch\x12 \n\x06\x66rames\x18\x01 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12+\n\x11obs_frame_indices\x18\x02 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12\x30\n\x16next_obs_frame_indices\x18\x03 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12!\n\x07\x61\x63tions\x18\x04 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12!\n\x07rewards\x18\x05 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12#\n\tdiscounts\x18\x06 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12\x12\n\nlz4_frames\x18\x07 \x03(\x0c\"\x84\x01\n\rInsertRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x19.amprl.v1.TransitionBatch\x12$\n\npriorities\x18\x03 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12\x11\n\tenv_steps\x18\x04 \x01(\x04\"Q\n\x0eInsertResponse\x12\x15\n\rchunks_stored\x18\x01 \x01(\x04\x12\x1a\n\x12transitions_stored\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\"1\n\rSampleRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\r\x12\x0c\n\x04\x62\x65ta\x18\x02 \x01(\x02\"\xb4\x01\n\x0eSampleResponse\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.amprl.v1.TransitionBatch\x12\x1e\n\x04keys\x18\x02 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12!\n\x07weights\x18\x03 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12\'\n\rprobabilities\x18\x04 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12\x0c\n\x04size\x18\x05 \x01(\x04\"_\n\x17UpdatePrioritiesRequest\x12\x1e\n\x04keys\x18\x01 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12$\n\npriorities\x18\x02 \x01(\x0b\x32\x10.amprl.v1.Tensor\"<\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x04\x12\x0f\n\x07\x65victed\x18\x02 \x01(\x04\"\x1a\n\x18ReplayServiceInfoRequest\"\xcb\x01\n\x0fRateLimiterInfo\x12\x1a\n\x12samples_per_insert\x18\x01 \x01(\x01\x12\x14\n\x0c\x65rror_buffer\x18\x02 \x01(\x01\x12\x1a\n\x12min_size_to_sample\x18\x03 \x01(\x04\x12\x17\n\x0fwaiting_samples\x18\x04 \x01(\r\x12\x17\n\x0fwaiting_inserts\x18\x05 \x01(\r\x12\x1b\n\x13sample_wait_seconds\x18\x06 \x01(\x01\x12\x1b\n\x13insert_wait_seconds\x18\x07 \x01(\x01\"\xa7\x03\n\x19ReplayServiceInfoResponse\x12\x0c\n\x04size\x18\x01 \x01(\x04\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x16\n\x0einserted_total\x18\x03 \x01(\x04\x12\x15\n\rsampled_total\x18\x04 \x01(\x04\x12\x17\n\x0f\x65nv_steps_total\x18\x05 \x01(\x04\x12\x1e\n\x16priority_updates_total\x18\x06 \x01(\x04\x12/\n\x0crate_limiter\x18\x07 \x01(\x0b\x32\x19.amprl.v1.RateLimiterInfo\x12\x13\n\x0b\x61\x63tors_seen\x18\x08 \x01(\r\x12\x13\n\x0b\x61\x63tors_live\x18\t \x01(\r\x12\x1b\n\x13live_window_seconds\x18\n \x01(\x01\x12\x1f\n\x17redis_used_memory_bytes\x18\x0b \x01(\x04\x12\x16\n\x0etotal_priority\x18\x0c \x01(\x01\x12\x16\n\x0einsert_streams\x18\r \x01(\r\x12\x1c\n\x14pending_insert_bytes\x18\x0e \x01(\x04\x12\x1b\n\x13missing_transitions\x18\x0f \x01(\x04\x32\xb7\x02\n\rReplayService\x12=\n\x06Insert\x12\x17.amprl.v1.InsertRequest\x1a\x18.amprl.v1.InsertResponse(\x01\x12;\n\x06Sample\x12\x17.amprl.v1.SampleRequest\x1a\x18.amprl.v1.SampleResponse\x12Y\n\x10UpdatePriorities\x12!.amprl.v1.UpdatePrioritiesRequest\x1a\".amprl.v1.UpdatePrioritiesResponse\x12O\n\x04Info\x12\".amprl.v1.ReplayServiceInfoRequest\x1a#.amprl.v1.ReplayServiceInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61mprl/v1/replay.proto\x12\x08\x61mprl.v1\x1a\x15\x61mprl/v1/tensor.proto\"\x91\x02\n\x0fTransitionBatch\x12 \n\x06\x66rames\x18\x01 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12+\n\x11obs_frame_indices\x18\x02 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12\x30\n\x16next_obs_frame_indices\x18\x03 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12!\n\x07\x61\x63tions\x18\x04 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12!\n\x07rewards\x18\x05 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12#\n\tdiscounts\x18\x06 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12\x12\n\nlz4_frames\x18\x07 \x03(\x0c\"\xab\x01\n\rInsertRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x19.amprl.v1.TransitionBatch\x12$\n\npriorities\x18\x03 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12\x11\n\tenv_steps\x18\x04 \x01(\x04\x12\x13\n\x0bincarnation\x18\x05 \x01(\x04\x12\x10\n\x08sequence\x18\x06 \x01(\x04\"k\n\x0eInsertResponse\x12\x15\n\rchunks_stored\x18\x01 \x01(\x04\x12\x1a\n\x12transitions_stored\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x18\n\x10\x63hunks_duplicate\x18\x04 \x01(\x04\"1\n\rSampleRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\r\x12\x0c\n\x04\x62\x65ta\x18\x02 \x01(\x02\"\xb4\x01\n\x0eSampleResponse\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.amprl.v1.TransitionBatch\x12\x1e\n\x04keys\x18\x02 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12!\n\x07weights\x18\x03 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12\'\n\rprobabilities\x18\x04 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12\x0c\n\x04size\x18\x05 \x01(\x04\"_\n\x17UpdatePrioritiesRequest\x12\x1e\n\x04keys\x18\x01 \x01(\x0b\x32\x10.amprl.v1.Tensor\x12$\n\npriorities\x18\x02 \x01(\x0b\x32\x10.amprl.v1.Tensor\"<\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x04\x12\x0f\n\x07\x65victed\x18\x02 \x01(\x04\"\x1a\n\x18ReplayServiceInfoRequest\"\xcb\x01\n\x0fRateLimiterInfo\x12\x1a\n\x12samples_per_insert\x18\x01 \x01(\x01\x12\x14\n\x0c\x65rror_buffer\x18\x02 \x01(\x01\x12\x1a\n\x12min_size_to_sample\x18\x03 \x01(\x04\x12\x17\n\x0fwaiting_samples\x18\x04 \x01(\r\x12\x17\n\x0fwaiting_inserts\x18\x05 \x01(\r\x12\x1b\n\x13sample_wait_seconds\x18\x06 \x01(\x01\x12\x1b\n\x13insert_wait_seconds\x18\x07 \x01(\x01\"\xa7\x03\n\x19ReplayServiceInfoResponse\x12\x0c\n\x04size\x18\x01 \x01(\x04\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x16\n\x0einserted_total\x18\x03 \x01(\x04\x12\x15\n\rsampled_total\x18\x04 \x01(\x04\x12\x17\n\x0f\x65nv_steps_total\x18\x05 \x01(\x04\x12\x1e\n\x16priority_updates_total\x18\x06 \x01(\x04\x12/\n\x0crate_limiter\x18\x07 \x01(\x0b\x32\x19.amprl.v1.RateLimiterInfo\x12\x13\n\x0b\x61\x63tors_seen\x18\x08 \x01(\r\x12\x13\n\x0b\x61\x63tors_live\x18\t \x01(\r\x12\x1b\n\x13live_window_seconds\x18\n \x01(\x01\x12\x1f\n\x17redis_used_memory_bytes\x18\x0b \x01(\x04\x12\x16\n\x0etotal_priority\x18\x0c \x01(\x01\x12\x16\n\x0einsert_streams\x18\r \x01(\r\x12\x1c\n\x14pending_insert_bytes\x18\x0e \x01(\x04\x12\x1b\n\x13missing_transitions\x18\x0f \x01(\x04\x32\xb7\x02\n\rReplayService\x12=\n\x06Insert\x12\x17.amprl.v1.InsertRequest\x1a\x18.amprl.v1.InsertResponse(\x01\x12;\n\x06Sample\x12\x17.amprl.v1.SampleRequest\x1a\x18.amprl.v1.SampleResponse\x12Y\n\x10UpdatePriorities\x12!.amprl.v1.UpdatePrioritiesRequest\x1a\".amprl.v1.UpdatePrioritiesResponse\x12O\n\x04Info\x12\".amprl.v1.ReplayServiceInfoRequest\x1a#.amprl.v1.ReplayServiceInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,23 +35,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRANSITIONBATCH']._serialized_start=59
   _globals['_TRANSITIONBATCH']._serialized_end=332
   _globals['_INSERTREQUEST']._serialized_start=335
-  _globals['_INSERTREQUEST']._serialized_end=467
-  _globals['_INSERTRESPONSE']._serialized_start=469
-  _globals['_INSERTRESPONSE']._serialized_end=550
-  _globals['_SAMPLEREQUEST']._serialized_start=552
-  _globals['_SAMPLEREQUEST']._serialized_end=601
-  _globals['_SAMPLERESPONSE']._serialized_start=604
-  _globals['_SAMPLERESPONSE']._serialized_end=784
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=786
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=881
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=883
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=943
-  _globals['_REPLAYSERVICEINFOREQUEST']._serialized_start=945
-  _globals['_REPLAYSERVICEINFOREQUEST']._serialized_end=971
-  _globals['_RATELIMITERINFO']._serialized_start=974
-  _globals['_RATELIMITERINFO']._serialized_end=1177
-  _globals['_REPLAYSERVICEINFORESPONSE']._serialized_start=1180
-  _globals['_REPLAYSERVICEINFORESPONSE']._serialized_end=1603
-  _globals['_REPLAYSERVICE']._serialized_start=1606
-  _globals['_REPLAYSERVICE']._serialized_end=1917
+  _globals['_INSERTREQUEST']._serialized_end=506
+  _globals['_INSERTRESPONSE']._serialized_start=508
+  _globals['_INSERTRESPONSE']._serialized_end=615
+  _globals['_SAMPLEREQUEST']._serialized_start=617
+  _globals['_SAMPLEREQUEST']._serialized_end=666
+  _globals['_SAMPLERESPONSE']._serialized_start=669
+  _globals['_SAMPLERESPONSE']._serialized_end=849
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=851
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=946
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=948
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=1008
+  _globals['_REPLAYSERVICEINFOREQUEST']._serialized_start=1010
+  _globals['_REPLAYSERVICEINFOREQUEST']._serialized_end=1036
+  _globals['_RATELIMITERINFO']._serialized_start=1039
+  _globals['_RATELIMITERINFO']._serialized_end=1242
+  _globals['_REPLAYSERVICEINFORESPONSE']._serialized_start=1245
+  _globals['_REPLAYSERVICEINFORESPONSE']._serialized_end=1668
+  _globals['_REPLAYSERVICE']._serialized_start=1671
+  _globals['_REPLAYSERVICE']._serialized_end=1982
 # @@protoc_insertion_point(module_scope)

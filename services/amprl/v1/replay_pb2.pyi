@@ -105,10 +105,22 @@ class InsertRequest(_message.Message):
     CHUNK_FIELD_NUMBER: _builtins.int
     PRIORITIES_FIELD_NUMBER: _builtins.int
     ENV_STEPS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
     actor_id: _builtins.str
     """Stable identity of the inserting actor (pod name, "actor-3"); counted in Info."""
     env_steps: _builtins.int
     """Environment steps the actor took since its previous InsertRequest (for progress)."""
+    incarnation: _builtins.int
+    """The actor process's incarnation: a random non-zero number drawn when it starts (0: the
+    actor does not number its chunks, and nothing is deduplicated).
+    """
+    sequence: _builtins.int
+    """The chunk's number within its incarnation: 1, 2, ... in the order the actor made them.
+    Replay stores each (actor_id, incarnation, sequence) at most once, also across replay
+    and Redis restarts: a chunk resent after a call that failed once it was stored is
+    acknowledged again, not stored twice.
+    """
     @_builtins.property
     def chunk(self) -> Global___TransitionBatch:
         """The transitions, T >= 1."""
@@ -124,10 +136,12 @@ class InsertRequest(_message.Message):
         chunk: Global___TransitionBatch | None = ...,
         priorities: _tensor_pb2.Tensor | None = ...,
         env_steps: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "priorities", b"priorities"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "chunk", b"chunk", "env_steps", b"env_steps", "priorities", b"priorities"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "chunk", b"chunk", "env_steps", b"env_steps", "incarnation", b"incarnation", "priorities", b"priorities", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -142,22 +156,28 @@ class InsertResponse(_message.Message):
     CHUNKS_STORED_FIELD_NUMBER: _builtins.int
     TRANSITIONS_STORED_FIELD_NUMBER: _builtins.int
     SIZE_FIELD_NUMBER: _builtins.int
+    CHUNKS_DUPLICATE_FIELD_NUMBER: _builtins.int
     chunks_stored: _builtins.int
     """Chunks of this call written to Redis."""
     transitions_stored: _builtins.int
     """Transitions of this call written to Redis."""
     size: _builtins.int
     """Transitions in the table after this call (after FIFO eviction)."""
+    chunks_duplicate: _builtins.int
+    """Chunks of this call that an earlier call had stored (a resend): acknowledged again, not
+    stored twice; counted in chunks_stored and transitions_stored too.
+    """
     def __init__(
         self,
         *,
         chunks_stored: _builtins.int = ...,
         transitions_stored: _builtins.int = ...,
         size: _builtins.int = ...,
+        chunks_duplicate: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks_stored", b"chunks_stored", "size", b"size", "transitions_stored", b"transitions_stored"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks_duplicate", b"chunks_duplicate", "chunks_stored", b"chunks_stored", "size", b"size", "transitions_stored", b"transitions_stored"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

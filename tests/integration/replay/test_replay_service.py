@@ -176,3 +176,33 @@ def test_full_redis_answers_resource_exhausted_naming_capacity_and_maxmemory(tmp
         info = r.client.info()
         assert info.size == stored > 0
         assert len(r.client.sample(16, 0.4)) == 16
+
+
+def test_a_resent_call_is_stored_once_also_after_a_replay_restart(replay):
+    spec = vector_spec()
+    r = replay(spec, capacity=1000)
+    sent = items(spec, 3, 10)
+    numbering = dict(incarnation=77, first_sequence=1)
+    first = r.client.insert("actor-a", sent, **numbering)
+    assert (first.chunks_stored, first.chunks_duplicate, first.size) == (3, 0, 30)
+    # the same call again (its reply was lost, say): acknowledged, not stored twice
+    again = r.client.insert("actor-a", sent, **numbering)
+    assert (again.chunks_stored, again.transitions_stored, again.chunks_duplicate) == (3, 30, 3)
+    assert again.size == 30
+    # a resend that overlaps: chunks 2-3 again plus a new 4th
+    more = items(spec, 4, 10)[1:]
+    overlap = r.client.insert("actor-a", more, incarnation=77, first_sequence=2)
+    assert (overlap.chunks_duplicate, overlap.size) == (2, 40)
+    # another actor, or the same actor restarted (a new incarnation), numbers its own chunks
+    assert r.client.insert("actor-b", sent, **numbering).chunks_duplicate == 0
+    assert r.client.insert("actor-a", sent, incarnation=78, first_sequence=1).chunks_duplicate == 0
+    # unnumbered inserts are never deduplicated
+    assert r.client.insert("actor-a", sent).chunks_duplicate == 0
+    size = r.client.info().size
+    assert size == 40 + 30 + 30 + 30
+
+    # a restarted replay remembers what each sender stored (it is in Redis with the chunks)
+    r.server.stop(0)
+    back = replay(spec, capacity=1000, prefix=r.prefix)
+    assert back.client.insert("actor-a", more, incarnation=78, first_sequence=2).chunks_duplicate == 2
+    assert back.client.info().size == size + 10

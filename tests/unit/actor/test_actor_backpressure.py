@@ -34,7 +34,7 @@ class HeldReplay:
         self.open = threading.Event()
         self.acknowledged = 0
 
-    def insert(self, actor_id, items, timeout=None, cancel=None):
+    def insert(self, actor_id, items, timeout=None, cancel=None, **numbering):
         if not self.open.wait(timeout=timeout):
             raise errors.DeadlineExceeded("rate-limited")
         n = sum(len(chunk.actions) for chunk, _, _ in items)
@@ -89,8 +89,9 @@ class RefusingReplay:
         self.tries: list[tuple[float, tuple]] = []
         self.stored: list = []
 
-    def insert(self, actor_id, items, timeout=None, cancel=None):
+    def insert(self, actor_id, items, timeout=None, cancel=None, **numbering):
         items = list(items)
+        self.numbering = numbering
         self.tries.append((time.monotonic(), tuple(id(chunk) for chunk, _, _ in items)))
         if len(self.tries) <= self.refusals:
             raise self.error("refused in this test")
@@ -104,9 +105,10 @@ def test_a_refused_insert_is_resent_whole_after_growing_jittered_pauses():
         replay = RefusingReplay(error, refusals=3)
         actor = Actor(cfg, env_spec(cfg.env), "actor-retry", replay=replay,
                       paramserver=NoWeightsServer())
-        items = [(make_chunk(actor.spec, 4, seed=i), None, 4) for i in range(2)]
+        items = [(make_chunk(actor.spec, 4, seed=i), None, 4, 1 + i) for i in range(2)]
         actor._insert(items)
-        assert len(replay.tries) == 4 and replay.stored == items, error
+        assert len(replay.tries) == 4 and replay.stored == [item[:3] for item in items], error
+        assert replay.numbering == {"incarnation": actor.incarnation_id, "first_sequence": 1}
         assert len({carried for _, carried in replay.tries}) == 1  # the same items each time
         pauses = [b[0] - a[0] for a, b in zip(replay.tries, replay.tries[1:])]
         # first window 0.1 s (pause 0.05-0.1), then 0.2, 0.4: never at once, and growing
@@ -116,7 +118,7 @@ def test_a_refused_insert_is_resent_whole_after_growing_jittered_pauses():
 
 
 class BuggyReplay:
-    def insert(self, actor_id, items, timeout=None, cancel=None):
+    def insert(self, actor_id, items, timeout=None, cancel=None, **numbering):
         raise AttributeError("a bug in the sender's path")
 
 

@@ -46,7 +46,7 @@ def test_chunks_carry_float_actions_and_critic_priorities():
     actor.run(threading.Event(), max_steps=4 * 10)
     items = []
     while not actor._outbox.empty():
-        items.append(actor._outbox.get_nowait())
+        items.append(actor._outbox.get_nowait()[:3])
     assert items, "no chunk was built"
     chunk, prios, _ = items[0]
     assert chunk.actions.dtype == np.float32 and chunk.actions.shape == (8, 1)
@@ -76,7 +76,7 @@ def test_priorities_equal_the_td3_td_error_of_the_actors_networks_over_each_chun
     actor.run(threading.Event(), max_steps=4 * 60)  # random then policy actions, 12 truncations
     items = []
     while not actor._outbox.empty():
-        items.append(actor._outbox.get_nowait())
+        items.append(actor._outbox.get_nowait()[:3])
     assert len(items) >= 20
     chunks = [chunk for chunk, _, _ in items]
     disc = np.concatenate([c.discounts for c in chunks])

@@ -20,6 +20,7 @@ class MemoryStorage:
         self.chunks: dict[int, tuple[bytes, bytes]] = {}
         self.prio: dict[int, float] = {}
         self.fail_writes = False
+        self.senders: dict[str, tuple[int, int]] = {}
         self.frame_loads = 0
 
     def _check(self):
@@ -32,9 +33,15 @@ class MemoryStorage:
     def load_layout(self):
         return self.layout
 
-    def write_chunk(self, meta, chunk_id, frames, priority_ranges, counters, delete_chunks):
+    def write_chunk(self, meta, chunk_id, frames, priority_ranges, counters, delete_chunks,
+                    senders=None, forget_senders=()):
         self._check()
         self.chunks[chunk_id] = (meta, frames)
+        for actor, value in (senders or {}).items():
+            incarnation, _, sequence = value.partition(":")
+            self.senders[actor] = (int(incarnation), int(sequence))
+        for actor in forget_senders:
+            self.senders.pop(actor, None)
         for slot, values in priority_ranges:
             for i, v in enumerate(np.asarray(values, np.float32).tolist()):
                 self.prio[slot + i] = v
@@ -63,6 +70,9 @@ class MemoryStorage:
     def load_frames(self, chunk_ids):
         self.frame_loads += len(chunk_ids)
         return [self.chunks[c][1] if c in self.chunks else None for c in chunk_ids]
+
+    def load_senders(self):
+        return dict(self.senders)
 
     def chunks_exist(self, chunk_ids):
         return [c in self.chunks for c in chunk_ids]

@@ -191,7 +191,7 @@ def test_insert_many_is_one_stored_chunk(storage):
     t = table(storage)
     items = [(make_chunk(t.spec, 4, seed=i, reward_base=10 * i), np.ones(4, np.float32), 4)
              for i in range(3)]
-    assert t.insert_many(items) == 0
+    assert t.insert_many(items).first_key == 0
     assert len(storage.chunks) == 1 and t.size == 12
     got = t.get(np.arange(12))
     for i, (chunk, _, _) in enumerate(items):
@@ -264,3 +264,19 @@ def test_reconcile_marks_chunks_redis_lost_under_a_running_table(storage):
     insert(t, 5)
     again = table(storage)
     assert (again.size, again.missing) == (30, 5)
+
+
+def test_numbered_chunks_are_stored_once_and_a_lost_one_is_taken_again(storage):
+    from amprl.replay.table import Sender
+    t = table(storage)
+    batch = [(make_chunk(t.spec, 5, seed=i), np.ones(5, np.float32), 5) for i in range(3)]
+    assert t.insert_many(batch, Sender("a", 9, [1, 2, 3])).chunks == 3
+    again = t.insert_many(batch, Sender("a", 9, [1, 2, 3]))
+    assert (again.chunks, again.duplicate_chunks, again.duplicate_transitions) == (0, 3, 15)
+    assert table(storage).insert_many(batch[:1], Sender("a", 9, [3])).duplicate_chunks == 1
+    # Redis came back without the last write (its sender record went with it): a resend of
+    # that chunk is stored again once the table has reconciled
+    storage.senders["a"] = (9, 2)
+    del storage.chunks[0]
+    t.reconcile()
+    assert t.insert_many(batch[2:], Sender("a", 9, [3])).chunks == 1
