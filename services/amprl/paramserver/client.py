@@ -9,16 +9,19 @@ Errors come back as ``amprl.errors`` exceptions: InvalidArgument, FailedPrecondi
 stale push; ``.current_version`` says where the server is), Unavailable, DeadlineExceeded.
 
 Retries: every call waits for the channel to be ready (``wait_for_ready``), so a dropped
-connection is re-established under the call's deadline, and no request is sent twice. Pull
-and Info, which are safe to repeat, also retry with exponential backoff when the server
-answers UNAVAILABLE mid-call. Pushes are not repeated: applying a gradient twice is a
-different update, so a push that fails mid-flight surfaces as Unavailable and the learner
-decides (drop it and compute the next one).
+connection is re-established under the call's deadline. Pull and Info, which are safe to
+repeat, retry with exponential backoff when the server answers UNAVAILABLE mid-call. So do
+pushes: each carries this client's incarnation and a sequence number, and the server
+applies a numbered push at most once and answers a resend with the first outcome
+(``reply.repeat``), so a push cut off mid-flight is sent again until its deadline instead
+of being lost or applied twice.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
+import secrets
 import threading
 import time
 from typing import NamedTuple, Sequence
@@ -28,6 +31,7 @@ import torch
 
 from amprl import errors
 from amprl.common import grpcutil
+from amprl.common.backoff import Backoff
 from amprl.compression import decode, encoding_value
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
@@ -150,6 +154,9 @@ class ParameterClient:
         self.timeout_s = timeout_s
         # No channel-level retry policy: it would apply to pushes too (see module docstring).
         self.channel = grpcutil.make_channel(address, max_message_bytes=max_message_bytes)
+        # pushes are numbered (incarnation, 1, 2, ...) so a resend is applied at most once
+        self.incarnation = secrets.randbelow(2**63 - 1) + 1
+        self._push_sequence = itertools.count(1)
         self.stub = paramserver_pb2_grpc.ParameterServiceStub(self.channel)
         self._push_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -163,7 +170,8 @@ class ParameterClient:
         return paramserver_pb2.PushGradientsRequest(
             learner_id=self.client_id, base_version=base_version, gradients=grads,
             batch_size=batch_size, return_weights=return_weights,
-            more_steps=[paramserver_pb2.GradientStep(gradients=g, batch_size=b) for g, b in more_steps])
+            more_steps=[paramserver_pb2.GradientStep(gradients=g, batch_size=b) for g, b in more_steps],
+            learner_incarnation=self.incarnation, sequence=next(self._push_sequence))
 
     def push(self, base_version: int, grads: Sequence[tensor_pb2.CompressedTensor],
              batch_size: int = 0, timeout: float | None = None, *, return_weights: bool = False,
@@ -178,13 +186,20 @@ class ParameterClient:
         Raises FailedPrecondition (``.current_version``) when it is too stale,
         InvalidArgument when malformed (nothing was applied in either case).
         """
-        try:
-            return self.stub.PushGradients(self._push_request(base_version, grads, batch_size,
-                                                              return_weights, more_steps),
-                                           timeout=timeout or self.timeout_s, wait_for_ready=True)
-        except grpc.RpcError as exc:
-            grpcutil.raise_for_rpc_error(exc)
-            raise  # pragma: no cover
+        request = self._push_request(base_version, grads, batch_size, return_weights, more_steps)
+        deadline = time.monotonic() + (timeout or self.timeout_s)
+        backoff = Backoff(base_s=_RETRY_BACKOFF_S[0], cap_s=_RETRY_BACKOFF_S[-1])
+        while True:
+            try:
+                return self.stub.PushGradients(request, wait_for_ready=True,
+                                               timeout=max(0.01, deadline - time.monotonic()))
+            except grpc.RpcError as exc:
+                delay = backoff.next()
+                if (exc.code() != grpc.StatusCode.UNAVAILABLE
+                        or time.monotonic() + delay >= deadline):
+                    grpcutil.raise_for_rpc_error(exc)
+                    raise  # pragma: no cover
+                time.sleep(delay)  # numbered: a resend is applied at most once
 
     def push_future(self, base_version: int, grads: Sequence[tensor_pb2.CompressedTensor],
                     batch_size: int = 0, timeout: float | None = None, *,

@@ -168,12 +168,15 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         result = store.apply_steps(request.base_version, steps, learner_id=request.learner_id,
                                    wire_bytes=sum(payload_bytes(msgs) for msgs, _ in parts),
                                    snapshot=request.return_weights,
-                                   caller_gone=lambda: not context.is_active())
+                                   caller_gone=lambda: not context.is_active(),
+                                   push_id=((request.learner_id, request.learner_incarnation,
+                                             request.sequence) if request.sequence else None))
         reply = paramserver_pb2.PushGradientsResponse(
             version=result.version,
             disposition=(paramserver_pb2.PUSH_DISPOSITION_SCALED if result.scaled
                          else paramserver_pb2.PUSH_DISPOSITION_APPLIED),
-            staleness=result.staleness, scale=result.scale, incarnation=store.incarnation)
+            staleness=result.staleness, scale=result.scale, incarnation=store.incarnation,
+            repeat=result.repeat)
         if result.weights is not None:
             # the fp32 tensors a pull of this version serves (and now finds cached); sent
             # back only when they fit one message, else the caller pulls them in chunks

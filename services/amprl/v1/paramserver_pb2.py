@@ -25,33 +25,33 @@ _sym_db = _symbol_database.Default()
 from amprl.v1 import tensor_pb2 as amprl_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61mprl/v1/paramserver.proto\x12\x08\x61mprl.v1\x1a\x15\x61mprl/v1/tensor.proto\"\xc7\x01\n\x14PushGradientsRequest\x12\x12\n\nlearner_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x04\x12-\n\tgradients\x18\x03 \x03(\x0b\x32\x1a.amprl.v1.CompressedTensor\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12\x16\n\x0ereturn_weights\x18\x05 \x01(\x08\x12*\n\nmore_steps\x18\x06 \x03(\x0b\x32\x16.amprl.v1.GradientStep\"Q\n\x0cGradientStep\x12-\n\tgradients\x18\x01 \x03(\x0b\x32\x1a.amprl.v1.CompressedTensor\x12\x12\n\nbatch_size\x18\x02 \x01(\r\"\xbc\x01\n\x15PushGradientsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12.\n\x0b\x64isposition\x18\x02 \x01(\x0e\x32\x19.amprl.v1.PushDisposition\x12\x11\n\tstaleness\x18\x03 \x01(\x04\x12\r\n\x05scale\x18\x04 \x01(\x02\x12+\n\x07weights\x18\x05 \x03(\x0b\x32\x1a.amprl.v1.CompressedTensor\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\"\x80\x01\n\x15PullParametersRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x04\x12$\n\x08\x65ncoding\x18\x02 \x01(\x0e\x32\x12.amprl.v1.Encoding\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x18\n\x10have_incarnation\x18\x04 \x01(\x04\"\xa2\x01\n\x16PullParametersResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x11\n\tunchanged\x18\x02 \x01(\x08\x12.\n\nparameters\x18\x03 \x03(\x0b\x32\x1a.amprl.v1.CompressedTensor\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x11\n\tenv_steps\x18\x05 \x01(\x04\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\"[\n\x16WatchParametersRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x04\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x18\n\x10have_incarnation\x18\x03 \x01(\x04\"?\n\x17WatchParametersResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\"\x1d\n\x1bParameterServiceInfoRequest\"\xff\x03\n\x1cParameterServiceInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x16\n\x0epushes_applied\x18\x02 \x01(\x04\x12\x15\n\rpushes_scaled\x18\x03 \x01(\x04\x12\x1d\n\x15pushes_rejected_stale\x18\x04 \x01(\x04\x12\x1f\n\x17pushes_rejected_invalid\x18\x05 \x01(\x04\x12\x15\n\rmax_staleness\x18\x06 \x01(\x04\x12\x1a\n\x12pulls_with_weights\x18\x07 \x01(\x04\x12\x17\n\x0fpulls_unchanged\x18\x08 \x01(\x04\x12\x1f\n\x17gradient_bytes_received\x18\t \x01(\x04\x12\x1a\n\x12\x63heckpoint_version\x18\n \x01(\x04\x12\x14\n\x0c\x63lients_live\x18\x0b \x01(\r\x12\x13\n\x0b\x61\x63tors_live\x18\x0c \x01(\r\x12\x15\n\rlearners_live\x18\r \x01(\r\x12\x1b\n\x13live_window_seconds\x18\x0e \x01(\x01\x12\x13\n\x0bnum_tensors\x18\x0f \x01(\r\x12\x16\n\x0enum_parameters\x18\x10 \x01(\x04\x12\x1b\n\x13transitions_trained\x18\x11 \x01(\x04\x12\x13\n\x0bincarnation\x18\x12 \x01(\x04\x12\x18\n\x10pushes_abandoned\x18\x13 \x01(\x04*n\n\x0fPushDisposition\x12 \n\x1cPUSH_DISPOSITION_UNSPECIFIED\x10\x00\x12\x1c\n\x18PUSH_DISPOSITION_APPLIED\x10\x01\x12\x1b\n\x17PUSH_DISPOSITION_SCALED\x10\x02\x32\xec\x02\n\x10ParameterService\x12P\n\rPushGradients\x12\x1e.amprl.v1.PushGradientsRequest\x1a\x1f.amprl.v1.PushGradientsResponse\x12U\n\x0ePullParameters\x12\x1f.amprl.v1.PullParametersRequest\x1a .amprl.v1.PullParametersResponse0\x01\x12X\n\x0fWatchParameters\x12 .amprl.v1.WatchParametersRequest\x1a!.amprl.v1.WatchParametersResponse0\x01\x12U\n\x04Info\x12%.amprl.v1.ParameterServiceInfoRequest\x1a&.amprl.v1.ParameterServiceInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61mprl/v1/paramserver.proto\x12\x08\x61mprl.v1\x1a\x15\x61mprl/v1/tensor.proto\"\xf6\x01\n\x14PushGradientsRequest\x12\x12\n\nlearner_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x04\x12-\n\tgradients\x18\x03 \x03(\x0b\x32\x1a.amprl.v1.CompressedTensor\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12\x16\n\x0ereturn_weights\x18\x05 \x01(\x08\x12*\n\nmore_steps\x18\x06 \x03(\x0b\x32\x16.amprl.v1.GradientStep\x12\x1b\n\x13learner_incarnation\x18\x07 \x01(\x04\x12\x10\n\x08sequence\x18\x08 \x01(\x04\"Q\n\x0cGradientStep\x12-\n\tgradients\x18\x01 \x03(\x0b\x32\x1a.amprl.v1.CompressedTensor\x12\x12\n\nbatch_size\x18\x02 \x01(\r\"\xcc\x01\n\x15PushGradientsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12.\n\x0b\x64isposition\x18\x02 \x01(\x0e\x32\x19.amprl.v1.PushDisposition\x12\x11\n\tstaleness\x18\x03 \x01(\x04\x12\r\n\x05scale\x18\x04 \x01(\x02\x12+\n\x07weights\x18\x05 \x03(\x0b\x32\x1a.amprl.v1.CompressedTensor\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x0e\n\x06repeat\x18\x07 \x01(\x08\"\x80\x01\n\x15PullParametersRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x04\x12$\n\x08\x65ncoding\x18\x02 \x01(\x0e\x32\x12.amprl.v1.Encoding\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x18\n\x10have_incarnation\x18\x04 \x01(\x04\"\xa2\x01\n\x16PullParametersResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x11\n\tunchanged\x18\x02 \x01(\x08\x12.\n\nparameters\x18\x03 \x03(\x0b\x32\x1a.amprl.v1.CompressedTensor\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x11\n\tenv_steps\x18\x05 \x01(\x04\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\"[\n\x16WatchParametersRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x04\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x18\n\x10have_incarnation\x18\x03 \x01(\x04\"?\n\x17WatchParametersResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\"\x1d\n\x1bParameterServiceInfoRequest\"\xff\x03\n\x1cParameterServiceInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x16\n\x0epushes_applied\x18\x02 \x01(\x04\x12\x15\n\rpushes_scaled\x18\x03 \x01(\x04\x12\x1d\n\x15pushes_rejected_stale\x18\x04 \x01(\x04\x12\x1f\n\x17pushes_rejected_invalid\x18\x05 \x01(\x04\x12\x15\n\rmax_staleness\x18\x06 \x01(\x04\x12\x1a\n\x12pulls_with_weights\x18\x07 \x01(\x04\x12\x17\n\x0fpulls_unchanged\x18\x08 \x01(\x04\x12\x1f\n\x17gradient_bytes_received\x18\t \x01(\x04\x12\x1a\n\x12\x63heckpoint_version\x18\n \x01(\x04\x12\x14\n\x0c\x63lients_live\x18\x0b \x01(\r\x12\x13\n\x0b\x61\x63tors_live\x18\x0c \x01(\r\x12\x15\n\rlearners_live\x18\r \x01(\r\x12\x1b\n\x13live_window_seconds\x18\x0e \x01(\x01\x12\x13\n\x0bnum_tensors\x18\x0f \x01(\r\x12\x16\n\x0enum_parameters\x18\x10 \x01(\x04\x12\x1b\n\x13transitions_trained\x18\x11 \x01(\x04\x12\x13\n\x0bincarnation\x18\x12 \x01(\x04\x12\x18\n\x10pushes_abandoned\x18\x13 \x01(\x04*n\n\x0fPushDisposition\x12 \n\x1cPUSH_DISPOSITION_UNSPECIFIED\x10\x00\x12\x1c\n\x18PUSH_DISPOSITION_APPLIED\x10\x01\x12\x1b\n\x17PUSH_DISPOSITION_SCALED\x10\x02\x32\xec\x02\n\x10ParameterService\x12P\n\rPushGradients\x12\x1e.amprl.v1.PushGradientsRequest\x1a\x1f.amprl.v1.PushGradientsResponse\x12U\n\x0ePullParameters\x12\x1f.amprl.v1.PullParametersRequest\x1a .amprl.v1.PullParametersResponse0\x01\x12X\n\x0fWatchParameters\x12 .amprl.v1.WatchParametersRequest\x1a!.amprl.v1.WatchParametersResponse0\x01\x12U\n\x04Info\x12%.amprl.v1.ParameterServiceInfoRequest\x1a&.amprl.v1.ParameterServiceInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'amprl.v1.paramserver_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PUSHDISPOSITION']._serialized_start=1538
-  _globals['_PUSHDISPOSITION']._serialized_end=1648
+  _globals['_PUSHDISPOSITION']._serialized_start=1601
+  _globals['_PUSHDISPOSITION']._serialized_end=1711
   _globals['_PUSHGRADIENTSREQUEST']._serialized_start=64
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=263
-  _globals['_GRADIENTSTEP']._serialized_start=265
-  _globals['_GRADIENTSTEP']._serialized_end=346
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=349
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=537
-  _globals['_PULLPARAMETERSREQUEST']._serialized_start=540
-  _globals['_PULLPARAMETERSREQUEST']._serialized_end=668
-  _globals['_PULLPARAMETERSRESPONSE']._serialized_start=671
-  _globals['_PULLPARAMETERSRESPONSE']._serialized_end=833
-  _globals['_WATCHPARAMETERSREQUEST']._serialized_start=835
-  _globals['_WATCHPARAMETERSREQUEST']._serialized_end=926
-  _globals['_WATCHPARAMETERSRESPONSE']._serialized_start=928
-  _globals['_WATCHPARAMETERSRESPONSE']._serialized_end=991
-  _globals['_PARAMETERSERVICEINFOREQUEST']._serialized_start=993
-  _globals['_PARAMETERSERVICEINFOREQUEST']._serialized_end=1022
-  _globals['_PARAMETERSERVICEINFORESPONSE']._serialized_start=1025
-  _globals['_PARAMETERSERVICEINFORESPONSE']._serialized_end=1536
-  _globals['_PARAMETERSERVICE']._serialized_start=1651
-  _globals['_PARAMETERSERVICE']._serialized_end=2015
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=310
+  _globals['_GRADIENTSTEP']._serialized_start=312
+  _globals['_GRADIENTSTEP']._serialized_end=393
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=396
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=600
+  _globals['_PULLPARAMETERSREQUEST']._serialized_start=603
+  _globals['_PULLPARAMETERSREQUEST']._serialized_end=731
+  _globals['_PULLPARAMETERSRESPONSE']._serialized_start=734
+  _globals['_PULLPARAMETERSRESPONSE']._serialized_end=896
+  _globals['_WATCHPARAMETERSREQUEST']._serialized_start=898
+  _globals['_WATCHPARAMETERSREQUEST']._serialized_end=989
+  _globals['_WATCHPARAMETERSRESPONSE']._serialized_start=991
+  _globals['_WATCHPARAMETERSRESPONSE']._serialized_end=1054
+  _globals['_PARAMETERSERVICEINFOREQUEST']._serialized_start=1056
+  _globals['_PARAMETERSERVICEINFOREQUEST']._serialized_end=1085
+  _globals['_PARAMETERSERVICEINFORESPONSE']._serialized_start=1088
+  _globals['_PARAMETERSERVICEINFORESPONSE']._serialized_end=1599
+  _globals['_PARAMETERSERVICE']._serialized_start=1714
+  _globals['_PARAMETERSERVICE']._serialized_end=2078
 # @@protoc_insertion_point(module_scope)

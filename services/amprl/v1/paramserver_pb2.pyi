@@ -59,6 +59,8 @@ class PushGradientsRequest(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     RETURN_WEIGHTS_FIELD_NUMBER: _builtins.int
     MORE_STEPS_FIELD_NUMBER: _builtins.int
+    LEARNER_INCARNATION_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
     learner_id: _builtins.str
     """Identity of the pushing learner ("learner-0")."""
     base_version: _builtins.int
@@ -69,6 +71,16 @@ class PushGradientsRequest(_message.Message):
     """Ask for the weights this push makes in the reply (fp32), saving the PullParameters
     round trip a synchronous learner would make next. Served only when they fit in one
     pull message (the server's pull chunk size); otherwise the reply has none: pull.
+    """
+    learner_incarnation: _builtins.int
+    """With sequence: the pushing learner process's incarnation, a random non-zero number
+    drawn when its client starts.
+    """
+    sequence: _builtins.int
+    """The push's number from that learner process (1, 2, ...; 0 = not numbered).
+    (learner_id, learner_incarnation, sequence) names the push: the server applies it at
+    most once and answers a repeat (a resend after a lost connection) with the first
+    outcome, so a client may resend a push it does not know the fate of.
     """
     @_builtins.property
     def gradients(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.CompressedTensor]:
@@ -98,10 +110,12 @@ class PushGradientsRequest(_message.Message):
         batch_size: _builtins.int = ...,
         return_weights: _builtins.bool = ...,
         more_steps: _abc.Iterable[Global___GradientStep] | None = ...,
+        learner_incarnation: _builtins.int = ...,
+        sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "batch_size", b"batch_size", "gradients", b"gradients", "learner_id", b"learner_id", "more_steps", b"more_steps", "return_weights", b"return_weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "batch_size", b"batch_size", "gradients", b"gradients", "learner_id", b"learner_id", "learner_incarnation", b"learner_incarnation", "more_steps", b"more_steps", "return_weights", b"return_weights", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -147,6 +161,7 @@ class PushGradientsResponse(_message.Message):
     SCALE_FIELD_NUMBER: _builtins.int
     WEIGHTS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    REPEAT_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Version after applying the gradient (the last step's, for a multi-step push)."""
     disposition: Global___PushDisposition.ValueType
@@ -157,6 +172,10 @@ class PushGradientsResponse(_message.Message):
     """Factor the gradient was multiplied by before the optimizer step."""
     incarnation: _builtins.int
     """The server's incarnation (see PullParametersResponse.incarnation)."""
+    repeat: _builtins.bool
+    """True when this push had been answered before (a resend): the reply repeats the first
+    outcome (without weights) and nothing was applied now.
+    """
     @_builtins.property
     def weights(self) -> _containers.RepeatedCompositeFieldContainer[_tensor_pb2.CompressedTensor]:
         """With return_weights: the weights of exactly `version` (fp32, state-dict order), or
@@ -172,10 +191,11 @@ class PushGradientsResponse(_message.Message):
         scale: _builtins.float = ...,
         weights: _abc.Iterable[_tensor_pb2.CompressedTensor] | None = ...,
         incarnation: _builtins.int = ...,
+        repeat: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposition", b"disposition", "incarnation", b"incarnation", "scale", b"scale", "staleness", b"staleness", "version", b"version", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposition", b"disposition", "incarnation", b"incarnation", "repeat", b"repeat", "scale", b"scale", "staleness", b"staleness", "version", b"version", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

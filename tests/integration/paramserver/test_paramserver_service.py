@@ -539,3 +539,36 @@ def test_a_push_whose_caller_went_away_while_it_waited_is_not_applied(start_serv
         time.sleep(0.05)
     time.sleep(0.2)
     assert client.info().version == 1  # only the push whose caller waited for it
+
+
+def test_a_numbered_push_is_applied_once_and_a_resend_gets_its_first_outcome(start_server):
+    ps, client = start_server(max_staleness=1)
+    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+
+    def push(base, sequence, seed=0):
+        return stub.PushGradients(paramserver_pb2.PushGradientsRequest(
+            learner_id="learner-0", learner_incarnation=5, sequence=sequence,
+            base_version=base, gradients=fp32_grads(ps, seed=seed)), timeout=5)
+
+    first = push(0, 1)
+    assert (first.version, first.repeat) == (1, False)
+    weights = {n: p.detach().clone() for n, p in ps.store.params.items()}
+    again = push(0, 1)  # its reply was lost: the learner sends it again
+    assert (again.version, again.staleness, again.repeat) == (1, 0, True)
+    assert all(torch.equal(ps.store.params[n].detach(), w) for n, w in weights.items())
+    assert push(1, 2, seed=1).version == 2  # the next one is a new push
+    # a refused push is refused again, with the same answer, and nothing moves
+    push(2, 3, seed=2), push(3, 4, seed=3)
+    for _ in range(2):
+        with pytest.raises(grpc.RpcError) as stale:
+            push(0, 9, seed=9)
+        assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert client.info().version == 4
+    # another incarnation of the learner (a restart) numbers anew
+    fresh = stub.PushGradients(paramserver_pb2.PushGradientsRequest(
+        learner_id="learner-0", learner_incarnation=6, sequence=1, base_version=4,
+        gradients=fp32_grads(ps, seed=4)), timeout=5)
+    assert (fresh.version, fresh.repeat) == (5, False)
+    # the client numbers every push it sends
+    assert client.push(5, fp32_grads(ps, seed=5)).repeat is False
+    assert client.info().version == 6
