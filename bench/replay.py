@@ -12,7 +12,7 @@ Insert requests are built before timing (that is the actor's work, not replay's)
 streams insert concurrently as several actors would. Sampling keeps a few requests in
 flight as a prefetching learner does.
 
-    python bench/replay.py [--seconds 5] [--cartpole-transitions 400000] ...
+    python bench/replay.py [--seconds 5] [--cartpole-transitions 400000] [--durability always] ...
 """
 
 from __future__ import annotations
@@ -202,7 +202,8 @@ def bench_cartpole(args, workdir: Path) -> dict:
             "num_actions": 2}
     with EmbeddedRedis(workdir / "redis-cartpole") as redis_server:
         proc = ReplayProcess(workdir, redis_server.url, spec,
-                             [f"replay.capacity={args.capacity}", "replay.min_size_to_sample=1000"])
+                             [f"replay.capacity={args.capacity}", "replay.min_size_to_sample=1000",
+                              f"replay.durability={args.durability}"])
         try:
             chunks = args.cartpole_transitions // t
             elapsed = run_inserts(proc.address, requests, chunks, args.streams, args.chunks_per_call)
@@ -230,7 +231,8 @@ def bench_atari(args, workdir: Path) -> dict:
     capacity = max(args.capacity, chunks * t)  # nothing evicted: bytes/transition is exact
     with EmbeddedRedis(workdir / "redis-atari") as redis_server:
         proc = ReplayProcess(workdir, redis_server.url, spec,
-                             [f"replay.capacity={capacity}", "replay.min_size_to_sample=1000"])
+                             [f"replay.capacity={capacity}", "replay.min_size_to_sample=1000",
+                              f"replay.durability={args.durability}"])
         try:
             with ReplayClient(proc.address) as client:
                 before = client.info().redis_used_memory_bytes
@@ -262,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks-per-call", type=int, default=50, help="chunks per Insert stream")
     p.add_argument("--in-flight", type=int, default=4, help="Sample calls kept in flight")
     p.add_argument("--only", choices=["cartpole", "atari"], default=None)
+    p.add_argument("--durability", choices=["everysec", "always"], default="everysec",
+                   help="replay.durability (Redis's appendfsync)")
     args = p.parse_args(argv)
     result: dict = {}
     with tempfile.TemporaryDirectory(prefix="amprl-bench-replay-") as tmp:

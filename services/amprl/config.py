@@ -139,6 +139,13 @@ class ReplayConfig:
     """Frame compression in Redis: auto = lz4 for image frames, none for vectors."""
     port: int = 0
     """Listen port; 0 = any free port (the launcher passes one)."""
+    durability: Literal["everysec", "always"] = "everysec"
+    """What an acknowledged insert survives. ``everysec``: Redis appends each write to its
+    AOF and fsyncs once a second, so a killed replay or Redis process loses nothing
+    acknowledged (the kernel holds the file) and a machine crash up to the last second of
+    inserts (counted as missing when replay reopens). ``always``: Redis fsyncs each write
+    before it replies, so not even a machine crash loses an acknowledged insert, at the
+    cost of an fsync per insert. Replay sets Redis's ``appendfsync`` to match."""
     max_insert_streams: int = 1024
     """Insert streams one replay shard serves at once (one per actor sending, each a few
     KiB of memory and no thread); a stream beyond it is refused with RESOURCE_EXHAUSTED and

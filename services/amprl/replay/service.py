@@ -423,7 +423,13 @@ def create_server(cfg: ExperimentConfig, spec: EnvSpec, redis_url: str, host: st
     ``live_window_s``: an actor counts as live in Info if it inserted within this many
     seconds.
     """
-    table = ReplayTable(ReplayStorage.from_url(redis_url, prefix), spec, cfg.replay, seed=seed)
+    storage = ReplayStorage.from_url(redis_url, prefix)
+    try:
+        storage.ensure_durability(cfg.replay.durability)
+        table = ReplayTable(storage, spec, cfg.replay, seed=seed)
+    except BaseException:
+        storage.close()
+        raise
     try:
         servicer = ReplayServicer(table, cfg.replay, live_window_s=live_window_s)
         server = AioServer.start(

@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import redis
 
-from amprl.errors import FailedPrecondition, ResourceExhausted, Unavailable
+from amprl.errors import ConfigError, FailedPrecondition, ResourceExhausted, Unavailable
 
 COUNTERS = ("next_key", "oldest_key", "next_chunk", "oldest_chunk", "next_frame",
             "inserted_total", "env_steps_total", "sampled_total", "priority_updates_total")
@@ -289,6 +289,24 @@ class ReplayStorage:
             used = limit = -1
         return RedisFull(f"Redis is full: it refused a write at maxmemory ({limit} bytes; "
                          f"{used} used)")
+
+    def ensure_durability(self, appendfsync: str) -> None:
+        """Makes Redis keep an AOF fsynced ``appendfsync`` ("everysec" or "always");
+        ConfigError naming the setting when Redis refuses CONFIG (set it in its own
+        configuration then)."""
+        try:
+            current = self.redis.config_get("append*")
+            if current.get("appendonly") != "yes":
+                self.redis.config_set("appendonly", "yes")
+            if current.get("appendfsync") != appendfsync:
+                self.redis.config_set("appendfsync", appendfsync)
+        except redis.ResponseError as exc:
+            raise ConfigError(f"replay.durability: {appendfsync} needs Redis with "
+                              f"'appendonly yes' and 'appendfsync {appendfsync}', and this Redis "
+                              f"refuses to be configured ({exc}): set both in its own "
+                              f"configuration") from None
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
 
     def max_memory(self) -> int:
         """Redis's maxmemory in bytes; 0 when it has none."""

@@ -206,3 +206,16 @@ def test_a_resent_call_is_stored_once_also_after_a_replay_restart(replay):
     back = replay(spec, capacity=1000, prefix=r.prefix)
     assert back.client.insert("actor-a", more, incarnation=78, first_sequence=2).chunks_duplicate == 2
     assert back.client.info().size == size + 10
+
+
+@pytest.mark.parametrize("durability", ["always", "everysec"])
+def test_replay_sets_redis_fsync_to_its_durability(replay, embedded_redis, durability):
+    import redis as redis_lib
+    admin = redis_lib.Redis.from_url(embedded_redis.url)
+    try:
+        admin.config_set("appendfsync", "no")
+        replay(vector_spec(), capacity=100, durability=durability)
+        assert admin.config_get("appendfsync")["appendfsync"] == durability
+        assert admin.config_get("appendonly")["appendonly"] == "yes"
+    finally:
+        admin.close()
