@@ -96,6 +96,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         self.table = table
         self.spec = table.spec
         self.max_insert_streams = int(cfg.max_insert_streams)
+        self.durability = cfg.durability
         self.max_pending_insert_bytes = int(cfg.max_pending_insert_bytes)
         self.pending_insert_bytes = 0
         """Frame bytes of received chunks not yet stored (groups being read or waiting)."""
@@ -149,6 +150,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             if self._redis_server is not None and server != self._redis_server:
                 log.warning("Redis restarted (run id %s, was %s): reconciling the index",
                             server, self._redis_server)
+                # a restarted Redis reads its own configuration again
+                await self._run(self._info_pool, storage.ensure_durability, self.durability)
                 await self._run(self._insert_pool, self.table.reconcile)
                 self.limiter.notify()
             self._redis_server = server

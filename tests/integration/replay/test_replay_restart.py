@@ -172,15 +172,15 @@ def test_entry_point_starts_embedded_redis_and_stops_on_sigterm(tmp_path):
 def test_redis_back_without_its_last_writes_under_a_running_replay_is_reconciled_not_a_crash_loop(
         tmp_path, replay):
     # A node crash under AOF everysec: Redis comes back without its last writes while the
-    # replay service keeps running. Made exact here: fsync every write, remember where the
-    # AOF ended after batch A, add batch B, SIGKILL Redis, cut the AOF back, restart it.
+    # replay service keeps running. Made exact here: fsync every write (durability always),
+    # remember where the AOF ended after batch A, add batch B, SIGKILL Redis, cut the AOF
+    # back, restart it.
     spec = vector_spec()
     data = tmp_path / "node"
     node = EmbeddedRedis(data)
     restarted = None
     try:
-        redis.Redis.from_url(node.url).config_set("appendfsync", "always")
-        r = replay(spec, capacity=10_000, redis_url=node.url)
+        r = replay(spec, capacity=10_000, redis_url=node.url, durability="always")
         batch = lambda base, n: [(make_chunk(spec, 10, seed=base + i, reward_base=base + i),  # noqa: E731
                                   np.ones(10, np.float32), 10) for i in range(n)]
         r.client.insert("a", batch(0, 3))                       # A: 30 transitions
@@ -204,6 +204,9 @@ def test_redis_back_without_its_last_writes_under_a_running_replay_is_reconciled
             time.sleep(0.1)
         info = r.client.info()
         assert (info.size, info.missing_transitions) == (70, 20)
+        # the restarted Redis came back with its own configuration (everysec): replay set
+        # its durability again
+        assert redis.Redis.from_url(node.url).config_get("appendfsync")["appendfsync"] == "always"
         for _ in range(20):
             rewards = set(r.client.sample(32, 0.4).rewards.tolist())
             assert not rewards & {100.0, 101.0}, "a lost transition was sampled"
