@@ -141,7 +141,18 @@ def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str
         raise OSError(f"could not bind {host}:{port}")
     server.start()
     server.health_servicer = health_servicer  # type: ignore[attr-defined]
+    server.service_names = names  # type: ignore[attr-defined]
     return server, bound
+
+
+def set_health(server: grpc.Server, *, serving: bool) -> None:
+    """Readiness of a server from ``create_server``: the whole server ("") and each of its
+    services SERVING or NOT_SERVING (``LIVENESS`` is left SERVING). Ignored once the
+    server has entered its graceful shutdown."""
+    status = (health_pb2.HealthCheckResponse.SERVING if serving
+              else health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in [*server.service_names, ""]:
+        server.health_servicer.set(name, status)
 
 
 def wait_for_termination(server: grpc.Server, grace_s: float = 5.0,

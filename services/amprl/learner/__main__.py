@@ -8,7 +8,7 @@ import sys
 import torch
 
 from amprl.common import cli
-from amprl.common.grpcutil import create_server, wait_until_serving
+from amprl.common.grpcutil import create_server, set_health, wait_until_serving
 from amprl.envs.factory import env_spec
 from amprl.learner.learner import Learner
 from amprl.learner.service import register
@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     learner = Learner(cfg, spec, replay, ps, learner_id=args.id)
     learner.start()
     server, port = create_server(register(learner), host=args.host, port=args.port or cfg.learner.port)
+    # readiness follows replay: NOT_SERVING while the learner cannot sample
+    learner.on_replay = lambda reachable: set_health(server, serving=reachable)
     cli.write_port_file(args.port_file, port)
     log.info("learner on %s (precision %s), status port %d", learner.device, cfg.learner.precision, port)
     def cleanup() -> None:

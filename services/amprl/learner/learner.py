@@ -97,6 +97,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -217,6 +218,10 @@ class Learner:
         self._acc_base = 0
         self._batches_pushed = 0
         self._threads = Supervisor("learner")
+        self.replay_reachable = True
+        self.on_replay: Callable[[bool], None] | None = None
+        """Called with False when replay stops answering, True when it answers again (the
+        learner's readiness: ``__main__`` sets its health)."""
         # learner.pin_update_thread: the CPUs the process may use (empty: no pinning); the
         # update thread gets the lowest, the other threads the rest
         self._allowed_cpus: set[int] = set()
@@ -248,9 +253,11 @@ class Learner:
                 # same i.i.d. prioritized draws a call per batch would make.
                 sampled = self.replay.sample(bs * per_call, self._beta(), timeout=2.0)
             except errors.DeadlineExceeded:
+                self._replay_reachable(True)
                 continue  # below min size or rate-limited: ask again
             except errors.Unavailable as exc:
                 log.warning("replay unavailable: %s", exc)
+                self._replay_reachable(False)
                 self._stop.wait(0.5)
                 continue
             except errors.InvalidArgument:
@@ -261,6 +268,7 @@ class Learner:
                 log.warning("sample failed: %s", exc)
                 self._stop.wait(1.0)
                 continue
+            self._replay_reachable(True)
             for part in sampled.split(bs) if per_call > 1 else [sampled]:
                 if self.cfg.replay.is_weight_normalization == "batch":
                     # the table's normaliser is common to the whole draw, so this is exactly
@@ -274,6 +282,13 @@ class Learner:
                     except queue.Full:
                         continue
             per_call = self.lcfg.sample_batches_per_call
+
+    def _replay_reachable(self, reachable: bool) -> None:
+        """Tells ``on_replay`` when replay stops or starts answering (readiness)."""
+        if reachable != self.replay_reachable:
+            self.replay_reachable = reachable
+            if self.on_replay is not None:
+                self.on_replay(reachable)
 
     def _priority_loop(self) -> None:
         last_sent = 0.0

@@ -37,7 +37,7 @@ from amprl.common import grpcutil
 from amprl.common.backoff import Backoff
 from amprl.paramserver.client import ParameterClient, VersionWatch
 from amprl.paramserver.service import (DEFAULT_MAX_WATCHERS, DEFAULT_MAX_WORKERS, ParameterServer,
-                                       create_pull_only_server, set_health)
+                                       create_pull_only_server)
 from amprl.paramserver.store import DEFAULT_LIVE_WINDOW_S, VersionedWeights
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ def create_follower(model: nn.Module, main_address: str, *, client_id: str = "fo
     except BaseException:
         follower.client.close()
         raise
-    follower.on_ready = lambda: set_health(server.server, serving=True)
+    follower.on_ready = lambda: grpcutil.set_health(server.server, serving=True)
     follower.start()
     return FollowerServer(server, follower)
 

@@ -26,7 +26,6 @@ from typing import Iterator, NamedTuple
 import grpc
 import torch
 from google.protobuf import message as message_types
-from grpc_health.v1 import health_pb2
 from torch import nn
 
 from amprl.common import grpcutil
@@ -452,12 +451,3 @@ def create_pull_only_server(store: VersionedWeights, *, refusal: str,
                                            max_message_bytes=max_message_bytes,
                                            serving=ready is None or ready.is_set())
     return ParameterServer(server, bound, store, servicer)
-
-
-def set_health(server: grpc.Server, *, serving: bool) -> None:
-    """Health of ``server`` (the whole server and ParameterService): SERVING or NOT_SERVING.
-    Ignored once the server has entered its graceful shutdown."""
-    status = (health_pb2.HealthCheckResponse.SERVING if serving
-              else health_pb2.HealthCheckResponse.NOT_SERVING)
-    for name in ("", SERVICE_NAME):
-        server.health_servicer.set(name, status)

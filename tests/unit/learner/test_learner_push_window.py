@@ -395,3 +395,20 @@ def test_a_prefetch_thread_that_died_stops_the_learner_instead_of_leaving_it_idl
         assert learner.replay.calls == 2
     finally:
         learner.stop()
+
+
+def test_readiness_follows_replay_going_away_and_coming_back():
+    learner, _ = _learner()
+    seen = []
+    learner.on_replay = seen.append
+    learner.replay = _Replay(errors.Unavailable("connection refused"),
+                             errors.Unavailable("connection refused"),
+                             errors.DeadlineExceeded("below min size"))
+    learner.start()
+    try:
+        with pytest.raises(ThreadDied):  # the _Replay's closing bug ends the test
+            for _ in range(20):
+                learner.step(timeout=0.5)
+    finally:
+        learner.stop()
+    assert seen == [False, True]  # once down, once back: no repeats
