@@ -44,6 +44,7 @@ whose creating process is dead (a test run killed with SIGKILL), never another l
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import itertools
 import json
@@ -61,7 +62,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -308,6 +309,22 @@ class Host:
             why = (f"exited with {proc.returncode}; log: {self.topo.read_log(proc)}"
                    if proc is not None and proc.poll() is not None else f"after {timeout} s")
             raise TimeoutError(f"{address}:{port} not accepting in {self.name}: {why}")
+
+    def set_link(self, up: bool) -> None:
+        """Takes this host's interface down or up again. Down, every packet to or from the
+        host is dropped while its connections stay open on both ends: a partition (a zone or
+        switch gone), which TCP and gRPC keepalives have to notice; up, the host is back
+        with the same address, and what survived the partition carries on."""
+        self.run(["ip", "link", "set", "dev", self.interface, "up" if up else "down"])
+
+    @contextlib.contextmanager
+    def partitioned(self) -> Iterator[None]:
+        """``set_link(False)`` for the duration of the block, healed on the way out."""
+        self.set_link(False)
+        try:
+            yield
+        finally:
+            self.set_link(True)
 
     def limit_rate(self, rate_mbit: float, burst_bytes: int = 64 * 1024,
                    latency_ms: float = 100.0) -> None:
