@@ -441,7 +441,8 @@ class ReplayTable:
         sender's newest sequence is stored with the chunk)."""
         while True:
             keep = self._new_items(items, sender)
-            dups = [c for i, (c, _, _) in enumerate(items) if i not in set(keep)]
+            kept = set(keep)
+            dups = [c for i, (c, _, _) in enumerate(items) if i not in kept]
             if not keep:
                 return Stored(self.next_key, 0, 0, len(dups), sum(len(c) for c in dups))
             prepared = self._prepare([items[i] for i in keep])
