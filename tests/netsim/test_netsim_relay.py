@@ -201,3 +201,26 @@ def test_parse_address_accepts_ipv6_brackets():
     assert parse_address("10.0.0.1:6000") == ("10.0.0.1", 6000)
     with pytest.raises(ValueError, match="host:port"):
         parse_address("10.0.0.1")
+
+
+def test_a_cut_link_moves_nothing_and_healing_delivers_what_was_held(echo_relay):
+    with dial(echo_relay) as s:
+        s.sendall(b"a")
+        assert recv_exactly(s, 1) == b"a"
+        with echo_relay.cut():
+            s.sendall(b"held")
+            s.settimeout(0.5)
+            with pytest.raises(socket.timeout):
+                s.recv(16)  # nothing crosses a cut link, in either direction
+            # a connection made while cut is accepted but not dialled onward
+            late = dial(echo_relay)
+            late.sendall(b"late")
+            late.settimeout(0.5)
+            with pytest.raises(socket.timeout):
+                late.recv(16)
+            assert echo_relay.stats()["bytes_up"] == 1
+        s.settimeout(10)
+        late.settimeout(10)
+        assert recv_exactly(s, 4) == b"held"  # delivered in order once healed
+        with late:
+            assert recv_exactly(late, 4) == b"late"

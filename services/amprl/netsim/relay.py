@@ -40,13 +40,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import random
 import signal
 import sys
 import threading
-from typing import Sequence
+from typing import Iterator, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,8 @@ class _Pipe:
         self.schedule()
 
     def schedule(self) -> None:
-        if self.timer is None and self.queue and self.dst is not None:
+        if (self.timer is None and self.queue and self.dst is not None
+                and not self.conn.relay.partitioned):
             self.timer = self.conn.relay.loop.call_at(self.queue[0][0], self._flush)
 
     def _flush(self) -> None:
@@ -160,7 +162,7 @@ class _Pipe:
         if src is None or src.is_closing():
             return
         limit = self.conn.relay.max_buffer_bytes
-        full = self.dst_blocked or self.queued_bytes >= limit
+        full = self.dst_blocked or self.queued_bytes >= limit or self.conn.relay.partitioned
         if full and not self.src_paused:
             self.src_paused = True
             src.pause_reading()
@@ -266,6 +268,9 @@ class _ClientSide(_Side):
         conn = self.conn
         relay = conn.relay
         host, port = relay.target
+        await relay.link_up.wait()  # a partition holds the dial, as a dropped SYN would
+        if conn.closed:
+            return
         try:
             transport, _ = await relay.loop.create_connection(
                 lambda: _Side(conn, conn.down, conn.up), host, port)
@@ -320,6 +325,8 @@ class DelayRelay:
         self.connections: set[_Connection] = set()
         self.connections_accepted = 0
         self.bytes_forwarded = {"up": 0, "down": 0}
+        self.partitioned = False
+        self.link_up: asyncio.Event = None  # type: ignore[assignment]  # made on the loop
         self.port: int | None = None
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._server: asyncio.base_events.Server | None = None
@@ -344,6 +351,8 @@ class DelayRelay:
 
     async def _open(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.link_up = asyncio.Event()
+        self.link_up.set()
         host, port = self.listen
         self._server = await self.loop.create_server(
             lambda: _ClientSide(self), host, port, reuse_address=True, backlog=256)
@@ -401,6 +410,46 @@ class DelayRelay:
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
         thread.join(timeout_s)
+
+    def set_partitioned(self, partitioned: bool, timeout_s: float = 5.0) -> None:
+        """Cuts the link (True) or heals it (False), for every connection, both ways.
+
+        Cut, the relay moves nothing: what either side sends stays queued here or in its
+        socket buffers (as TCP keeps unacknowledged bytes for retransmission), closes are
+        held too, and a new connection is accepted but not dialled onward (as if its SYN
+        were lost), so only keepalives and deadlines can tell the peers that the other side
+        is gone. Healed, what was held is delivered in order, as retransmission would.
+        """
+        done = threading.Event()
+
+        def apply() -> None:
+            self.partitioned = partitioned
+            if partitioned:
+                self.link_up.clear()
+            else:
+                self.link_up.set()
+            for conn in list(self.connections):
+                for pipe in (conn.up, conn.down):
+                    if partitioned and pipe.timer is not None:
+                        pipe.timer.cancel()
+                        pipe.timer = None
+                    pipe._update_reading()
+                    pipe.schedule()
+            done.set()
+
+        self.loop.call_soon_threadsafe(apply)
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"relay on {self.listen_repr} did not {'cut' if partitioned else 'heal'} "
+                               f"the link in {timeout_s} s")
+
+    @contextlib.contextmanager
+    def cut(self) -> Iterator[None]:
+        """``set_partitioned(True)`` for the duration of the block, healed on the way out."""
+        self.set_partitioned(True)
+        try:
+            yield
+        finally:
+            self.set_partitioned(False)
 
     def __enter__(self) -> "DelayRelay":
         self.start()

@@ -61,6 +61,7 @@ from amprl.compression import nonfinite
 from amprl.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 
 MAX_REMEMBERED_PUSHES = 4096
+MAX_LEARNERS_COUNTED = 64  # Info's steps_applied_by_learner: a few learners, a bounded map
 """Outcomes of numbered pushes kept to answer resends (the oldest forgotten beyond it)."""
 _IN_PROGRESS = object()  # a numbered push being applied
 
@@ -134,6 +135,10 @@ class Counters:
     pushes_rejected_invalid: int = 0
     pushes_abandoned: int = 0
     """Pushes not applied because their caller had gone (deadline passed, cancelled)."""
+    pushes_repeated: int = 0
+    """Resends of numbered pushes answered with their first outcome."""
+    steps_applied_by_learner: collections.OrderedDict = field(default_factory=collections.OrderedDict)
+    """Learner id -> optimizer steps applied from its pushes (the most recent last)."""
     max_staleness_accepted: int = 0
     staleness_sum: int = 0
     """Sum of the staleness of accepted pushes (its mean is logged at shutdown)."""
@@ -295,6 +300,7 @@ class VersionedWeights:
         clients, actors, learners = self.live_clients()
         with self._lock:
             c = copy.copy(self.counters)
+            by_learner = dict(c.steps_applied_by_learner)
             version, ckpt = self.version, self.checkpoint_version
         return {
             "version": version,
@@ -303,6 +309,8 @@ class VersionedWeights:
             "pushes_rejected_stale": c.pushes_rejected_stale,
             "pushes_rejected_invalid": c.pushes_rejected_invalid,
             "pushes_abandoned": c.pushes_abandoned,
+            "pushes_repeated": c.pushes_repeated,
+            "steps_applied_by_learner": by_learner,
             "max_staleness": c.max_staleness_accepted,
             "pulls_with_weights": c.pulls_with_weights,
             "pulls_unchanged": c.pulls_unchanged,
@@ -419,6 +427,8 @@ class ParameterStore(VersionedWeights):
                 if first is None:
                     self._outcomes[push_id] = _IN_PROGRESS
             if first is not None:
+                with self._lock:
+                    self.counters.pushes_repeated += 1
                 if isinstance(first, Exception):
                     raise first
                 return dataclasses.replace(first, weights=None, repeat=True)
@@ -501,6 +511,11 @@ class ParameterStore(VersionedWeights):
                 self.counters.transitions_trained += int(step.batch_size)
             self.counters.max_staleness_accepted = max(self.counters.max_staleness_accepted,
                                                        staleness)
+            if learner_id:
+                by = self.counters.steps_applied_by_learner
+                by[learner_id] = by.pop(learner_id, 0) + len(steps)
+                while len(by) > MAX_LEARNERS_COUNTED:
+                    by.popitem(last=False)
             self.revision += 1
             self.changed.notify_all()
             weights = ({n: p.detach().clone() for n, p in self.params.items()} if snapshot else None)

@@ -372,6 +372,26 @@ class ParameterServiceInfoResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class StepsAppliedByLearnerEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     PUSHES_APPLIED_FIELD_NUMBER: _builtins.int
     PUSHES_SCALED_FIELD_NUMBER: _builtins.int
@@ -391,6 +411,8 @@ class ParameterServiceInfoResponse(_message.Message):
     TRANSITIONS_TRAINED_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     PUSHES_ABANDONED_FIELD_NUMBER: _builtins.int
+    PUSHES_REPEATED_FIELD_NUMBER: _builtins.int
+    STEPS_APPLIED_BY_LEARNER_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Current version (applied gradients since the run started, checkpoints included)."""
     pushes_applied: _builtins.int
@@ -431,6 +453,14 @@ class ParameterServiceInfoResponse(_message.Message):
     """Pushes not applied because their caller had gone (its deadline passed while the push
     waited to be applied in order): the caller saw them fail, so they must not count.
     """
+    pushes_repeated: _builtins.int
+    """Resends of numbered pushes answered with their first outcome (nothing applied again)."""
+    @_builtins.property
+    def steps_applied_by_learner(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Optimizer steps applied per pushing learner id (as sent or scaled), since this process
+        started; up to 64 ids, the least recently pushing dropped first.
+        """
+
     def __init__(
         self,
         *,
@@ -453,10 +483,12 @@ class ParameterServiceInfoResponse(_message.Message):
         transitions_trained: _builtins.int = ...,
         incarnation: _builtins.int = ...,
         pushes_abandoned: _builtins.int = ...,
+        pushes_repeated: _builtins.int = ...,
+        steps_applied_by_learner: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "checkpoint_version", b"checkpoint_version", "clients_live", b"clients_live", "gradient_bytes_received", b"gradient_bytes_received", "incarnation", b"incarnation", "learners_live", b"learners_live", "live_window_seconds", b"live_window_seconds", "max_staleness", b"max_staleness", "num_parameters", b"num_parameters", "num_tensors", b"num_tensors", "pulls_unchanged", b"pulls_unchanged", "pulls_with_weights", b"pulls_with_weights", "pushes_abandoned", b"pushes_abandoned", "pushes_applied", b"pushes_applied", "pushes_rejected_invalid", b"pushes_rejected_invalid", "pushes_rejected_stale", b"pushes_rejected_stale", "pushes_scaled", b"pushes_scaled", "transitions_trained", b"transitions_trained", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "checkpoint_version", b"checkpoint_version", "clients_live", b"clients_live", "gradient_bytes_received", b"gradient_bytes_received", "incarnation", b"incarnation", "learners_live", b"learners_live", "live_window_seconds", b"live_window_seconds", "max_staleness", b"max_staleness", "num_parameters", b"num_parameters", "num_tensors", b"num_tensors", "pulls_unchanged", b"pulls_unchanged", "pulls_with_weights", b"pulls_with_weights", "pushes_abandoned", b"pushes_abandoned", "pushes_applied", b"pushes_applied", "pushes_rejected_invalid", b"pushes_rejected_invalid", "pushes_rejected_stale", b"pushes_rejected_stale", "pushes_repeated", b"pushes_repeated", "pushes_scaled", b"pushes_scaled", "steps_applied_by_learner", b"steps_applied_by_learner", "transitions_trained", b"transitions_trained", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -571,4 +571,8 @@ def test_a_numbered_push_is_applied_once_and_a_resend_gets_its_first_outcome(sta
     assert (fresh.version, fresh.repeat) == (5, False)
     # the client numbers every push it sends
     assert client.push(5, fp32_grads(ps, seed=5)).repeat is False
-    assert client.info().version == 6
+    info = client.info()
+    assert info.version == 6
+    assert info.pushes_repeated == 2  # an applied push and a refused one, each answered again
+    # steps applied per learner id: what a ledger of acknowledged pushes is checked against
+    assert dict(info.steps_applied_by_learner) == {"learner-0": 6}
