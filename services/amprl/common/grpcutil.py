@@ -323,6 +323,11 @@ def raise_for_rpc_error(exc: grpc.RpcError) -> None:
         raise errors.DeadlineExceeded(details) from exc
     if code == grpc.StatusCode.UNAVAILABLE:
         raise errors.Unavailable(details) from exc
+    if code == grpc.StatusCode.CANCELLED:
+        # Callers that cancel their own calls handle that before mapping; one they did not
+        # cancel was cut off by the server going away (a restart, a SIGTERM past its
+        # grace): as retryable as a connection that could not be made.
+        raise errors.Unavailable(f"the server cancelled the call (shutting down?): {details}") from exc
     raise exc
 
 
