@@ -20,7 +20,8 @@ acknowledged to them. Per fault:
 
 Faults (the default is all, in this order): kill_actor, kill_evaluator, kill_learner,
 kill_replay, kill_paramserver, partition_learner_paramserver, partition_actor_replay,
-kill_redis_everysec, kill_redis_always, redis_tail_lost (the AOF's last second cut: a
+partition_replies_* (the same links, only the replies cut: a one-way partition whose
+requests are acted on and resent), kill_redis_everysec, kill_redis_always, redis_tail_lost (the AOF's last second cut: a
 machine crash under everysec), redis_full, sigterm_<service> for each service, and
 control_redis_wiped (Redis back without its data: the ledger must see a loss).
 """
@@ -54,6 +55,10 @@ def faults(partition_s: float) -> dict:
     table["kill_paramserver"] = lambda system: system.kill_paramserver()
     table["partition_learner_paramserver"] = lambda system: system.partition("learner-paramserver", partition_s)
     table["partition_actor_replay"] = lambda system: system.partition("actor-replay", partition_s)
+    table["partition_replies_learner_paramserver"] = lambda system: system.partition(
+        "learner-paramserver", partition_s, direction="down")
+    table["partition_replies_actor_replay"] = lambda system: system.partition(
+        "actor-replay", partition_s, direction="down")
     table["kill_redis_everysec"] = durability("everysec", lambda system: system.kill_redis())
     table["kill_redis_always"] = durability("always", lambda system: system.kill_redis())
     table["redis_tail_lost"] = durability("everysec", lambda system: system.kill_redis(cut_tail_s=1.0))

@@ -206,12 +206,13 @@ class FaultSystem:
         return svc
 
     def start_ledgers(self) -> None:
-        for name, script, address, ledger in (
-                ("ledger-insert", "ledger_insert.py", self.replay_relay.address, self.insert_ledger),
-                ("ledger-push", "ledger_push.py", self.ps_relay.address, self.push_ledger)):
+        pull = ["--pull-from", f"127.0.0.1:{self.ports['pull']}"]
+        for name, script, address, ledger, extra in (
+                ("ledger-insert", "ledger_insert.py", self.replay_relay.address, self.insert_ledger, []),
+                ("ledger-push", "ledger_push.py", self.ps_relay.address, self.push_ledger, pull)):
             with open(self.logs / f"{name}.log", "ab") as out:
                 self.ledger_procs[name] = subprocess.Popen(
-                    [sys.executable, str(HERE / script), address, str(ledger)],
+                    [sys.executable, str(HERE / script), address, str(ledger), *extra],
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -359,16 +360,21 @@ class FaultSystem:
             return 0, versions_back
         inc = info.incarnation
         acked = {int(f[1]) for f in lines if f[0] == "A" and int(f[2]) == inc}
-        # pushes sent in this life whose outcome the ledger has not (yet) seen applied
-        life_started = next((i for i, f in enumerate(lines)
-                             if f[0] in ("V", "A") and int(f[1 if f[0] == "V" else 2]) == inc), None)
-        open_ = 0
-        if life_started is not None:
-            settled = {int(f[1]) for f in lines[life_started:] if f[0] in ("A", "R")}
-            sent = {int(f[1]) for f in lines[life_started:] if f[0] == "S"}
-            open_ = len(sent - settled)  # unknown fate, or in flight right now
-            # the push sent just before this life's first sign may have landed in it
-            open_ += 1
+        # Pushes whose outcome the ledger has not seen (unknown fate, or in flight now),
+        # counted from the last sign of an earlier server life: any of them may have landed
+        # in this one.
+        def life(f):
+            return int(f[1]) if f[0] == "V" else int(f[2]) if f[0] == "A" else None
+
+        start = 0
+        for i, f in enumerate(lines):
+            if life(f) == inc:
+                break
+            if life(f) is not None:
+                start = i + 1
+        settled = {int(f[1]) for f in lines[start:] if f[0] in ("A", "R")}
+        sent = {int(f[1]) for f in lines[start:] if f[0] == "S"}
+        open_ = len(sent - settled)
         applied = info.steps_applied_by_learner.get(LEDGER_LEARNER, 0)
         return max(0, applied - len(acked) - open_), versions_back
 
@@ -461,18 +467,30 @@ class FaultSystem:
             result.notes["replay_missing_transitions"] = self.replay_info().missing_transitions
         return result
 
-    def partition(self, link: str, seconds: float = PARTITION_S) -> FaultResult:
+    def push_acks(self) -> int:
+        return sum(1 for f in self._lines(self.push_ledger) if f[0] == "A")
+
+    def partition(self, link: str, seconds: float = PARTITION_S, direction: str = "both") -> FaultResult:
         """The actors' link to replay (``"actor-replay"``) or the learners' link to the
-        parameter server (``"learner-paramserver"``) cut for ``seconds``, then healed."""
+        parameter server (``"learner-paramserver"``) cut for ``seconds``, then healed;
+        ``direction="down"`` cuts only the replies, and at the end resets the connections,
+        so the replies held are lost for good: requests arrived and were acted on, their
+        acknowledgements never come, and the clients resend (what must not be stored or
+        applied twice)."""
         relay = {"actor-replay": self.replay_relay, "learner-paramserver": self.ps_relay}[link]
-        with relay.cut():
+        acks = self.push_acks if link == "learner-paramserver" else lambda: len(self.insert_acks())
+        with relay.cut(direction):
             time.sleep(1.0)  # what was on its way when the link went
-            before = self._progress()
+            before, acks_before = self._progress(), acks()
             time.sleep(seconds - 1.0)
-            after = self._progress()
-        # proof that the cut held: nothing crossed it while it lasted
-        crossed = ({"versions": after[1] - before[1]} if link == "learner-paramserver"
-                   else {"env_steps": after[2] - before[2], "ledger_inserts": after[3] - before[3]})
+            after, acks_after = self._progress(), acks()
+            if direction == "down":  # the held replies are lost for good: clients must resend
+                relay.reset_connections()
+        # proof that the cut held: no acknowledgement crossed it (nor, cut both ways, any work)
+        crossed = {"ledger_acks": acks_after - acks_before}
+        if direction == "both":
+            crossed.update({"versions": after[1] - before[1]} if link == "learner-paramserver"
+                           else {"env_steps": after[2] - before[2]})
         return self._result(time.monotonic(), crossed_while_cut=crossed)
 
     def redis_full(self, seconds: float = 5.0) -> FaultResult:

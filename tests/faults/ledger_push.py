@@ -12,7 +12,10 @@ The server counts the steps it applied per learner id (Info.steps_applied_by_lea
 one server life that count must lie between the pushes acknowledged and those plus the ones
 whose fate is unknown or still in flight: more means a push was applied twice.
 
-    python ledger_push.py PARAMSERVER_ADDRESS LEDGER_PATH [--rate PUSHES_PER_S]
+    python ledger_push.py PARAMSERVER_ADDRESS LEDGER_PATH [--pull-from ADDRESS] [--rate PUSHES_PER_S]
+
+Pulls go to --pull-from (default: the same address), so a link cut on the push path
+catches a push, not a pull, in flight.
 
 Runs until SIGTERM, then finishes the push in hand and exits 0.
 """
@@ -37,17 +40,19 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("address")
     p.add_argument("ledger")
+    p.add_argument("--pull-from", default="")
     p.add_argument("--rate", type=float, default=5.0)
     args = p.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     client = ParameterClient(args.address, LEARNER_ID, timeout_s=60)
+    puller = ParameterClient(args.pull_from, LEARNER_ID, timeout_s=60) if args.pull_from else client
     version, incarnation, shapes = 0, 0, {}
     seq = 0
     with open(args.ledger, "a", buffering=1) as ledger:
         while not stop.is_set():
             try:
-                pulled = client.pull_versioned(version, incarnation, timeout=30)
+                pulled = puller.pull_versioned(version, incarnation, timeout=30)
             except errors.AmprlError as exc:
                 ledger.write(f"E pull {time.time():.3f} {type(exc).__name__}\n")
                 stop.wait(0.5)
@@ -70,6 +75,7 @@ def main() -> None:
                 ledger.write(f"U {seq} {time.time():.3f} {type(exc).__name__}\n")
             stop.wait(1.0 / args.rate)
     client.close()
+    puller.close()
 
 
 if __name__ == "__main__":

@@ -224,3 +224,35 @@ def test_a_cut_link_moves_nothing_and_healing_delivers_what_was_held(echo_relay)
         assert recv_exactly(s, 4) == b"held"  # delivered in order once healed
         with late:
             assert recv_exactly(late, 4) == b"late"
+
+
+def test_a_one_way_cut_lets_requests_through_and_holds_the_replies():
+    got = []
+
+    def record_and_echo(conn):
+        with conn:
+            while data := conn.recv(1 << 20):
+                got.append(data)
+                conn.sendall(data)
+
+    upstream = Upstream(record_and_echo)
+    with DelayRelay(("127.0.0.1", 0), ("127.0.0.1", upstream.port), 0) as relay, dial(relay) as s:
+        s.sendall(b"a")
+        assert recv_exactly(s, 1) == b"a"
+        with relay.cut("down"):
+            s.sendall(b"bc")
+            deadline = time.monotonic() + 5
+            while b"".join(got) != b"abc" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert b"".join(got) == b"abc"  # the request arrived
+            s.settimeout(0.5)
+            with pytest.raises(socket.timeout):
+                s.recv(16)  # its answer did not
+        s.settimeout(10)
+        assert recv_exactly(s, 2) == b"bc"
+        assert relay.reset_connections() == 1
+        try:
+            assert s.recv(16) == b""  # the connection is gone (closed or reset)
+        except ConnectionResetError:
+            pass
+    upstream.close()

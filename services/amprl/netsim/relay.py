@@ -110,7 +110,7 @@ class _Pipe:
 
     def schedule(self) -> None:
         if (self.timer is None and self.queue and self.dst is not None
-                and not self.conn.relay.partitioned):
+                and not self.conn.relay.blocked[self.name]):
             self.timer = self.conn.relay.loop.call_at(self.queue[0][0], self._flush)
 
     def _flush(self) -> None:
@@ -162,7 +162,7 @@ class _Pipe:
         if src is None or src.is_closing():
             return
         limit = self.conn.relay.max_buffer_bytes
-        full = self.dst_blocked or self.queued_bytes >= limit or self.conn.relay.partitioned
+        full = self.dst_blocked or self.queued_bytes >= limit or self.conn.relay.blocked[self.name]
         if full and not self.src_paused:
             self.src_paused = True
             src.pause_reading()
@@ -325,7 +325,7 @@ class DelayRelay:
         self.connections: set[_Connection] = set()
         self.connections_accepted = 0
         self.bytes_forwarded = {"up": 0, "down": 0}
-        self.partitioned = False
+        self.blocked = {"up": False, "down": False}  # a cut link, per direction
         self.link_up: asyncio.Event = None  # type: ignore[assignment]  # made on the loop
         self.port: int | None = None
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
@@ -411,26 +411,32 @@ class DelayRelay:
         self.loop.call_soon_threadsafe(self.loop.stop)
         thread.join(timeout_s)
 
-    def set_partitioned(self, partitioned: bool, timeout_s: float = 5.0) -> None:
-        """Cuts the link (True) or heals it (False), for every connection, both ways.
+    def set_partitioned(self, partitioned: bool, direction: str = "both",
+                        timeout_s: float = 5.0) -> None:
+        """Cuts the link (True) or heals it (False) for every connection: both ways, or only
+        ``"up"`` (client to target) or ``"down"`` (replies: a one-way partition, where
+        requests arrive and are acted on but their answers do not come back).
 
-        Cut, the relay moves nothing: what either side sends stays queued here or in its
-        socket buffers (as TCP keeps unacknowledged bytes for retransmission), closes are
-        held too, and a new connection is accepted but not dialled onward (as if its SYN
-        were lost), so only keepalives and deadlines can tell the peers that the other side
+        Cut, the relay moves nothing that way: what is sent stays queued here or in socket
+        buffers (as TCP keeps unacknowledged bytes for retransmission), closes are held
+        too, and a new connection is accepted but not dialled onward (its handshake needs
+        both ways), so only keepalives and deadlines can tell the peers that the other side
         is gone. Healed, what was held is delivered in order, as retransmission would.
         """
+        if direction not in ("both", "up", "down"):
+            raise ValueError(f"direction {direction!r}: one of both, up, down")
         done = threading.Event()
 
         def apply() -> None:
-            self.partitioned = partitioned
-            if partitioned:
+            for name in (("up", "down") if direction == "both" else (direction,)):
+                self.blocked[name] = partitioned
+            if any(self.blocked.values()):
                 self.link_up.clear()
             else:
                 self.link_up.set()
             for conn in list(self.connections):
                 for pipe in (conn.up, conn.down):
-                    if partitioned and pipe.timer is not None:
+                    if self.blocked[pipe.name] and pipe.timer is not None:
                         pipe.timer.cancel()
                         pipe.timer = None
                     pipe._update_reading()
@@ -442,14 +448,33 @@ class DelayRelay:
             raise TimeoutError(f"relay on {self.listen_repr} did not {'cut' if partitioned else 'heal'} "
                                f"the link in {timeout_s} s")
 
+    def reset_connections(self, timeout_s: float = 5.0) -> int:
+        """Resets (RST) every open connection on both sides, dropping what is queued: a
+        middlebox forgetting its flows, or replies lost for good. Returns how many."""
+        done = threading.Event()
+        count = []
+
+        def apply() -> None:
+            conns = list(self.connections)
+            for conn in conns:
+                conn.close(abort=True)
+            count.append(len(conns))
+            done.set()
+
+        self.loop.call_soon_threadsafe(apply)
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"relay on {self.listen_repr} did not reset in {timeout_s} s")
+        return count[0]
+
     @contextlib.contextmanager
-    def cut(self) -> Iterator[None]:
-        """``set_partitioned(True)`` for the duration of the block, healed on the way out."""
-        self.set_partitioned(True)
+    def cut(self, direction: str = "both") -> Iterator[None]:
+        """``set_partitioned(True, direction)`` for the duration of the block, healed on
+        the way out."""
+        self.set_partitioned(True, direction)
         try:
             yield
         finally:
-            self.set_partitioned(False)
+            self.set_partitioned(False, direction)
 
     def __enter__(self) -> "DelayRelay":
         self.start()
