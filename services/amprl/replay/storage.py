@@ -175,10 +175,8 @@ class ReplayStorage:
             if dead:
                 pipe.delete(*dead)
             pipe.execute()
-        except redis.exceptions.OutOfMemoryError as exc:
-            raise self._full() from exc
         except redis.RedisError as exc:
-            raise _unavailable(exc) from exc
+            raise self._write_error(exc) from exc
 
     def write_priorities(self, slots: np.ndarray, priorities: np.ndarray,
                          counters: dict[str, int]) -> None:
@@ -192,10 +190,8 @@ class ReplayStorage:
                 self._set_priorities(keys=[self._priorities], args=[pairs.tobytes()], client=pipe)
             pipe.hset(self._counters, mapping=counters)
             pipe.execute()
-        except redis.exceptions.OutOfMemoryError as exc:
-            raise self._full() from exc
         except redis.RedisError as exc:
-            raise _unavailable(exc) from exc
+            raise self._write_error(exc) from exc
 
     def write_layout(self, layout: dict) -> None:
         try:
@@ -281,6 +277,15 @@ class ReplayStorage:
             return str(self.redis.info("server")["run_id"])
         except redis.RedisError as exc:
             raise _unavailable(exc) from exc
+
+    def _write_error(self, exc: redis.RedisError) -> Unavailable | RedisFull:
+        """What a failed write means for the caller: Redis at maxmemory refused it (an OOM
+        reply, or a transaction discarded because a command in it got one: EXECABORT) or
+        Redis could not be reached."""
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or (
+                isinstance(exc, redis.exceptions.ExecAbortError) and "OOM" in str(exc)):
+            return self._full()
+        return _unavailable(exc)
 
     def _full(self) -> RedisFull:
         try:

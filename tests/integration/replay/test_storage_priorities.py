@@ -29,3 +29,20 @@ def test_scattered_priority_writes_land_in_their_slots_and_nowhere_else(embedded
         assert storage.load_priorities(capacity)[7] == 4.0
     finally:
         storage.close()
+
+
+def test_a_transaction_discarded_for_oom_is_redis_full_not_unavailable(embedded_redis):
+    """Redis answers a MULTI whose queued command hit maxmemory with EXECABORT: that is a
+    full Redis (RESOURCE_EXHAUSTED, not retried as if unreachable), as a plain OOM is."""
+    import redis
+
+    from amprl.errors import Unavailable
+    from amprl.replay.storage import RedisFull
+
+    storage = ReplayStorage.from_url(embedded_redis.url)
+    oom = "Transaction discarded because of: OOM command not allowed when used memory > 'maxmemory'."
+    assert isinstance(storage._write_error(redis.exceptions.ExecAbortError(oom)), RedisFull)
+    assert isinstance(storage._write_error(redis.exceptions.OutOfMemoryError("OOM ...")), RedisFull)
+    other = redis.exceptions.ExecAbortError("Transaction discarded because of previous errors.")
+    assert isinstance(storage._write_error(other), Unavailable)
+    assert isinstance(storage._write_error(redis.exceptions.ConnectionError("gone")), Unavailable)
