@@ -267,7 +267,12 @@ class ParamServerConfig:
     staleness_scaling: bool = False
     """Scale an accepted stale gradient by 1 / (1 + staleness)."""
     checkpoint_interval_s: float = 30.0
-    """Seconds between checkpoints (also one at shutdown); 0 disables them."""
+    """Seconds between checkpoints (also one at shutdown); 0 disables them. A server killed
+    without warning loses at most this much training (or ``checkpoint_interval_versions``
+    steps, whichever comes first)."""
+    checkpoint_interval_versions: int = 0
+    """Also checkpoint once this many versions were applied since the last checkpoint;
+    0 = by seconds only."""
     checkpoint_dir: str = ""
     """Where checkpoints go; empty = <run_dir>/checkpoints."""
     checkpoints_kept: int = 2
@@ -423,6 +428,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "paramserver.lr_final": (lambda v: v < 0 or v > 0, "must be > 0 (or negative: no schedule)"),
     "paramserver.lr_decay_versions": (lambda v: v >= 0, "must be >= 0 (0 = constant lr)"),
     "paramserver.max_staleness": (lambda v: v >= 0, "must be >= 0"),
+    "paramserver.checkpoint_interval_versions": (lambda v: v >= 0, "must be >= 0 (0 = by seconds only)"),
     "actor.num_actors": (lambda v: v >= 0, "must be >= 0"),
     "actor.envs_per_actor": (lambda v: v >= 1, "must be >= 1"),
     "actor.epsilon_base": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),

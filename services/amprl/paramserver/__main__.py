@@ -3,8 +3,9 @@
 Builds the initial model exactly as every other process does (``torch.manual_seed(run.seed)``
 then ``build_model``), resumes from the newest valid checkpoint in
 ``paramserver.checkpoint_dir`` (default ``<run-dir>/checkpoints``), serves until SIGTERM or
-SIGINT, checkpoints every ``paramserver.checkpoint_interval_s`` seconds and once more after
-the last call has finished.
+SIGINT, checkpoints every ``paramserver.checkpoint_interval_s`` seconds (or every
+``paramserver.checkpoint_interval_versions`` versions, whichever comes first) and once more
+after the last call has finished.
 
 Besides the base flags (``amprl.common.cli``):
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None,
         return follow(args, cfg, model)
     store = build_store(cfg, model, live_window_s=args.live_window_s)
     ckpt = None
-    if cfg.paramserver.checkpoint_interval_s > 0:
+    if cfg.paramserver.checkpoint_interval_s > 0 or cfg.paramserver.checkpoint_interval_versions > 0:
         ckpt = CheckpointManager(checkpoint_dir(cfg, args.run_dir), keep=cfg.paramserver.checkpoints_kept)
         resumed = ckpt.restore(store)
         if resumed is None:
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None,
     if ps.pull_server is not None:
         log.info("serving the pull-only port on %s:%d", args.host, ps.pull_port)
         cli.write_port_file(args.pull_port_file, ps.pull_port)
-    periodic = (PeriodicCheckpointer(ckpt, store, cfg.paramserver.checkpoint_interval_s).start()
+    periodic = (PeriodicCheckpointer(ckpt, store, cfg.paramserver.checkpoint_interval_s,
+                                     cfg.paramserver.checkpoint_interval_versions).start()
                 if ckpt else None)
     cli.write_port_file(args.port_file, ps.port)
 

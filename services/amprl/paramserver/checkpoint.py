@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -141,22 +142,36 @@ class CheckpointManager:
 
 
 class PeriodicCheckpointer:
-    """A daemon thread that saves every ``interval_s`` seconds until ``stop()``."""
+    """A daemon thread that saves every ``interval_s`` seconds, or as soon as
+    ``interval_versions`` versions were applied since the last save (whichever comes
+    first; 0 turns either trigger off), until ``stop()``."""
 
-    def __init__(self, manager: CheckpointManager, store: ParameterStore, interval_s: float):
+    POLL_S = 0.25  # how often the version is looked at when a version interval is set
+
+    def __init__(self, manager: CheckpointManager, store: ParameterStore, interval_s: float,
+                 interval_versions: int = 0):
         self.manager = manager
         self.store = store
         self.interval_s = interval_s
+        self.interval_versions = interval_versions
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="checkpointer", daemon=True)
 
     def start(self) -> "PeriodicCheckpointer":
-        if self.interval_s > 0:
+        if self.interval_s > 0 or self.interval_versions > 0:
             self._thread.start()
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        poll = self.POLL_S if self.interval_versions > 0 else self.interval_s
+        last_t, last_v = time.monotonic(), self.store.version
+        while not self._stop.wait(poll):
+            by_time = self.interval_s > 0 and time.monotonic() - last_t >= self.interval_s
+            by_versions = (self.interval_versions > 0
+                           and self.store.version - last_v >= self.interval_versions)
+            if not (by_time or by_versions):
+                continue
+            last_t, last_v = time.monotonic(), self.store.version
             try:
                 self.manager.save(self.store)
             except Exception:  # noqa: BLE001 - a full disk must not kill the server

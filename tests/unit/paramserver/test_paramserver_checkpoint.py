@@ -145,3 +145,22 @@ def test_periodic_checkpointer_saves_while_running(tmp_path):
     finally:
         p.stop()
     assert [v for v, _ in mgr.files()] == [1]
+
+
+def test_periodic_checkpointer_also_saves_after_a_number_of_versions(tmp_path):
+    """With a version interval, a checkpoint follows every few versions long before the
+    seconds interval is up: the loss bound is whichever comes first."""
+    store = trained_store(1)
+    mgr = CheckpointManager(tmp_path, keep=10)
+    p = PeriodicCheckpointer(mgr, store, interval_s=3600, interval_versions=2).start()
+    try:
+        time.sleep(0.6)
+        assert mgr.files() == []  # one version is not yet two
+        store.apply(1, grads(store, 1))
+        store.apply(2, grads(store, 2))
+        deadline = time.monotonic() + 5
+        while not mgr.files() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        p.stop()
+    assert [v for v, _ in mgr.files()] == [3]
