@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from amprl import errors
-from amprl.actor.exploration import apex_epsilon, derive_seed, gaussian_exploration, seed_everything
+from amprl.rl.exploration import apex_epsilon, derive_seed, gaussian_exploration, seed_everything
 from amprl.actor.nstep import NStepChunker
-from amprl.actor.policy import ActingPolicy, ActingQNetwork, acting_dtype
+from amprl.rl.acting import ActingPolicy, ActingQNetwork, acting_dtype
 from amprl.common.backoff import Backoff
 from amprl.common.supervise import Supervisor
 from amprl.config import ExperimentConfig

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from amprl import errors
-from amprl.actor.exploration import derive_seed
+from amprl.rl.exploration import derive_seed
 from amprl.config import ExperimentConfig
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
 from amprl.rl.models import build_model
-from amprl.actor.policy import GreedyPolicy
+from amprl.rl.acting import GreedyPolicy
 from amprl.v1 import telemetry_pb2
 
 log = logging.getLogger(__name__)

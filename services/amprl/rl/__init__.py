@@ -1,4 +1,5 @@
-"""The RL core: networks, batches, losses and target networks. Pure PyTorch, no gRPC.
+"""The RL core: networks, batches, losses and target networks, the fast acting copies of a
+network (``acting``) and exploration and seeding (``exploration``). Pure PyTorch, no gRPC.
 
 Learner, actors and evaluator call these; ``build_model(cfg, spec)`` is the one
 constructor, so every process agrees on the architecture and the parameter names.

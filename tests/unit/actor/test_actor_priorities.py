@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from amprl.actor.actor import Actor
-from amprl.actor.policy import ActingQNetwork, native_bf16
+from amprl.rl.acting import ActingQNetwork, native_bf16
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
 from amprl.rl import dqn

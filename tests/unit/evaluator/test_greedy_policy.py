@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from amprl.actor.policy import GreedyPolicy
+from amprl.rl.acting import GreedyPolicy
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
 from amprl.rl.models import build_model

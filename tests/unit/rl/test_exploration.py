@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from amprl.actor.exploration import (actor_u, apex_epsilon, apex_epsilon_indexed, derive_seed,
+from amprl.rl.exploration import (actor_u, apex_epsilon, apex_epsilon_indexed, derive_seed,
                                      epsilon_from_u, epsilon_greedy, gaussian_exploration,
                                      seed_everything)
 
@@ -52,7 +52,7 @@ PINNED_SEED = 358955610
 
 
 def test_stable_across_processes_with_different_hash_seeds():
-    code = ("from amprl.actor.exploration import apex_epsilon, derive_seed;"
+    code = ("from amprl.rl.exploration import apex_epsilon, derive_seed;"
             "print(repr(apex_epsilon('amprl-actor-3')), derive_seed(42, 'amprl-actor-3', 5))")
     # str hashes are salted per process; pin a salt unlike this process's
     env = dict(os.environ, PYTHONHASHSEED=str(hash("x") % 1000 + 1))
