@@ -110,8 +110,8 @@ from amprl.envs.spec import EnvSpec
 from amprl.learner.algos import make_algo
 from amprl.learner.precision import Precision
 from amprl.paramserver.client import reply_weights
-from amprl.paramserver.store import build_store
 from amprl.rl.models import build_model
+from amprl.rl.optimizer import OptimizerRule
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class Learner:
         # apply_locally: the server's optimizer rule stepping the replica's own weights, the
         # weight change of the pushes a re-base may need (seq, {name: delta}; see
         # _apply_locally), and the version each push's reply reported (seq -> version)
-        self.local = (build_store(cfg, self.model, device=self.device, share=True)
+        self.local = (OptimizerRule.from_config(cfg, self._params)
                       if self.lcfg.apply_locally else None)
         self._seq = 0
         self._unsent: list = []  # apply_locally: steps applied locally, not yet pushed
@@ -447,12 +447,11 @@ class Learner:
             for d in pending:
                 if name in d:
                     p.add_(d[name])
-        self.local.version = version + len(pending)
         if version < self.version - len(pending):
             self.stats.server_rollbacks += 1
             log.warning("parameter server went back to version %d (restored a checkpoint?): "
                         "re-based onto it", version)
-        self.version = self.local.version
+        self.version = version + len(pending)
         while self._deltas and (self._deltas[0][0] <= anchor_seq
                                 or self._made.get(self._deltas[0][0], version + 1) <= version):
             self._made.pop(self._deltas.popleft()[0], None)
@@ -476,9 +475,9 @@ class Learner:
         record = self._weights_push_open
         record = record or self._pending_weights is not None
         before = {name: self._params[name].detach().clone() for name in grads} if record else None
-        # the store steps the replica's own weights (build_store(share=True))
-        self.local.apply(self.local.version, grads, trusted=True,
-                         preconditioned={m.name for m in msgs if m.preconditioned})
+        # the server's rule, stepping the replica's own weights in place
+        self.local.step(grads, self.version,
+                        preconditioned={m.name for m in msgs if m.preconditioned})
         if before is not None:
             for name, b in before.items():
                 torch.sub(self._params[name].detach(), b, out=b)  # b = new - old
@@ -487,7 +486,7 @@ class Learner:
                 self._deltas.popleft()
         # the versions replies reported, kept for as many pushes back (one pop per push)
         self._made.pop(self._seq - (4 * self.window + 64), None)
-        self.version = self.local.version
+        self.version += 1
         self.algo.on_weights(self.version)
 
     def _sync_weights(self) -> None:

@@ -29,14 +29,9 @@ A push may name a subset of the parameters (TD3 pushes critic-only gradients bet
 actor updates): the absent parameters are not stepped and their Adam moments and step
 counts stay as they are (torch's Adam skips parameters whose ``.grad`` is None).
 
-Preconditioned gradients (``apply(..., preconditioned=names)``; learners send their 1-bit
-tensors so, see ``amprl.compression.ErrorFeedback``): the sender has already divided the
-gradient by the root of its own Adam second moment, so such a parameter takes Adam's step
-without the server's second moment, ``m <- b1 m + (1 - b1) u;  p <- p - lr m / (1 - b1^t)``,
-its momentum and step count kept apart from Adam's (``precond_avg``, ``precond_step`` in the
-optimizer state, checkpointed with it), so a run that changes encoding on resume mixes no
-units. The step is linear in u, which is what lets error feedback's deferred error arrive
-intact.
+The optimizer step itself, Adam with a momentum step for preconditioned (1-bit) gradients
+and an optional lr schedule, is ``amprl.rl.optimizer.OptimizerRule``, shared with learners
+that step a replica of their own.
 
 Every push is validated in full (names, duplicates, shapes, dtypes, finiteness) before the
 store is touched: a bad push changes nothing but the ``pushes_rejected_invalid`` counter.
@@ -55,10 +50,10 @@ from typing import Callable, Mapping, NamedTuple, Self
 
 import torch
 from torch import nn
-from torch.optim.adam import adam as functional_adam
 
 from amprl.compression import nonfinite
 from amprl.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from amprl.rl.optimizer import OptimizerRule
 
 MAX_REMEMBERED_PUSHES = 4096
 MAX_LEARNERS_COUNTED = 64  # Info's steps_applied_by_learner: a few learners, a bounded map
@@ -165,13 +160,13 @@ class VersionedWeights:
     """
 
     def __init__(self, params: Mapping[str, torch.Tensor], *,
-                 live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu",
-                 share: bool = False):
+                 live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu"):
         if not params:
             raise InvalidArgument("a parameter store needs at least one parameter")
         self.device = torch.device(device)
         self.params: dict[str, nn.Parameter] = {
-            name: self._own(name, t, share) for name, t in params.items()}
+            name: nn.Parameter(t.detach().to(self.device, torch.float32).clone())
+            for name, t in params.items()}
         self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
         self.live_window_s = float(live_window_s)
         self.version = 0
@@ -187,18 +182,6 @@ class VersionedWeights:
         # Notified on every version change (and on close) so watchers wake at once.
         self.changed = threading.Condition(self._lock)
         self.closed = False
-
-    def _own(self, name: str, t: torch.Tensor, share: bool) -> nn.Parameter:
-        """The store's parameter for ``t``: a float32 copy on the store's device, or with
-        ``share`` ``t``'s own storage (a learner's replica, stepped in place by
-        ``learner.apply_locally``), which must then be float32 on that device already."""
-        own = t.detach().to(self.device, torch.float32)
-        if not share:
-            return nn.Parameter(own.clone())
-        if own.data_ptr() != t.data_ptr():
-            raise InvalidArgument(f"{name}: cannot share a {t.dtype} tensor on {t.device} with a "
-                                  f"float32 store on {self.device}")
-        return nn.Parameter(own)
 
     @classmethod
     def from_model(cls, model: nn.Module, **kwargs) -> Self:
@@ -340,19 +323,14 @@ class ParameterStore(VersionedWeights):
                  lr_decay_versions: int = 0, betas: tuple[float, float] = (0.9, 0.999),
                  max_staleness: int = 16, staleness_scaling: bool = False,
                  live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu",
-                 reorder_wait_s: float = DEFAULT_REORDER_WAIT_S, share: bool = False):
+                 reorder_wait_s: float = DEFAULT_REORDER_WAIT_S):
         if max_staleness < 0:
             raise InvalidArgument(f"max_staleness ({max_staleness}) must be >= 0")
-        super().__init__(params, live_window_s=live_window_s, device=device, share=share)
+        super().__init__(params, live_window_s=live_window_s, device=device)
         # push id -> ApplyResult or the error it got, the oldest first (MAX_REMEMBERED_PUSHES)
         self._outcomes: collections.OrderedDict[tuple, object] = collections.OrderedDict()
-        # fused: one kernel for the whole step (CPU and CUDA), 0.12 ms instead of foreach's
-        # 0.37 ms (and a Python loop's 0.29 ms) for the CartPole network here; it runs on
-        # the server for every push and on a learner with apply_locally for every update.
-        self.optimizer = _adam(list(self.params.values()), lr=lr, betas=betas, eps=adam_eps)
-        self.lr = float(lr)
-        self.lr_final = None if lr_final is None or lr_final < 0 or lr_decay_versions <= 0 else float(lr_final)
-        self.lr_decay_versions = int(lr_decay_versions)
+        self.rule = OptimizerRule(self.params, lr=lr, adam_eps=adam_eps, lr_final=lr_final,
+                                  lr_decay_versions=lr_decay_versions, betas=betas)
         self.max_staleness = int(max_staleness)
         self.staleness_scaling = bool(staleness_scaling)
         self.reorder_wait_s = float(reorder_wait_s)
@@ -523,80 +501,15 @@ class ParameterStore(VersionedWeights):
 
     def _step(self, step: Step, scale: float) -> None:
         """One optimizer step at the current version (call with the lock held)."""
-        if self.lr_final is not None:
-            lr = self.lr_at(self.version)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-        momentum_only, params, grads = [], [], []
-        for name, g in step.grads.items():
-            g = g.to(self.device, torch.float32)
-            g = g * scale if scale != 1.0 else g
-            p = self.params[name]
-            if name in step.preconditioned:
-                momentum_only.append((p, g))
-                continue
-            params.append(p)
-            grads.append(g)
-        if params:
-            self._adam_step(params, grads)
-        for p, g in momentum_only:
-            self._momentum_step(p, g)
+        self.rule.step(step.grads, self.version, preconditioned=step.preconditioned, scale=scale)
 
-    @torch.no_grad()
-    def _adam_step(self, params: list[nn.Parameter], grads: list[torch.Tensor]) -> None:
-        """``self.optimizer.step()`` for ``params`` with ``grads``, through torch's functional
-        Adam on the optimizer's own state (the same tensors, initialised as torch does, so
-        checkpoints and ``torch.optim.Adam`` see no difference). The optimizer object's
-        ``step`` and ``zero_grad`` add ~35 us of bookkeeping per call (profiler scopes, hooks,
-        a scan of every parameter's ``.grad``) -- as much as the fused kernel itself on a
-        70k-parameter MLP, paid per push on the server and per update by a learner with
-        ``apply_locally``. The gradients are read, never written (test_store)."""
-        group = self.optimizer.param_groups[0]
-        fused = bool(group.get("fused"))
-        exp_avgs, exp_avg_sqs, steps = [], [], []
-        for p in params:
-            state = self.optimizer.state[p]
-            if "step" not in state:
-                state["step"] = (torch.zeros((), dtype=torch.float32, device=p.device) if fused
-                                 else torch.tensor(0.0, dtype=torch.float32))
-            if "exp_avg" not in state:  # first Adam step (maybe after preconditioned ones)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
-            steps.append(state["step"])
-        beta1, beta2 = group["betas"]
-        functional_adam(params, grads, exp_avgs, exp_avg_sqs, [], steps,
-                        foreach=group.get("foreach"), fused=group.get("fused"),
-                        amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
-                        weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
-
-    @torch.no_grad()
-    def _momentum_step(self, p: nn.Parameter, u: torch.Tensor) -> None:
-        """Adam's step for a preconditioned gradient u (module docstring): bias-corrected
-        momentum times lr, no second moment."""
-        group = self.optimizer.param_groups[0]
-        beta1 = group["betas"][0]
-        state = self.optimizer.state[p]
-        if "precond_avg" not in state:
-            # Adam's own count stays (at 0 if it never stepped p): torch's Adam expects a
-            # "step" in every non-empty state (its __setstate__ reads it on a checkpoint load)
-            # (fused Adam keeps it on the parameter's device)
-            state.setdefault("step", torch.zeros((), device=p.device if group.get("fused") else "cpu"))
-            state["precond_step"] = torch.zeros(())
-            state["precond_avg"] = torch.zeros_like(p)
-        state["precond_step"] += 1
-        m = state["precond_avg"].lerp_(u, 1.0 - beta1)
-        p.add_(m, alpha=-group["lr"] / (1.0 - beta1 ** float(state["precond_step"])))
+    @property
+    def optimizer(self) -> torch.optim.Adam:
+        return self.rule.optimizer
 
     def lr_at(self, version: int) -> float:
-        """The learning rate of the step that makes ``version + 1``: ``lr`` falling linearly to
-        ``lr_final`` over ``lr_decay_versions`` versions, or ``lr`` without a schedule. A
-        function of the version, so a server resumed from a checkpoint continues the schedule."""
-        if self.lr_final is None:
-            return self.lr
-        frac = min(1.0, max(0, version) / self.lr_decay_versions)
-        return self.lr + (self.lr_final - self.lr) * frac
+        """The learning rate of the step that makes ``version + 1`` (``OptimizerRule``)."""
+        return self.rule.lr_at(version)
 
     def note_invalid_push(self) -> None:
         """Counts a push rejected as malformed before it reached ``apply``."""
@@ -631,10 +544,7 @@ class ParameterStore(VersionedWeights):
             with torch.no_grad():
                 for n in names:
                     self.params[n].copy_(state["params"][n].to(self.device, torch.float32))
-            hyper = [{k: g[k] for k in ("lr", "eps", "betas")} for g in self.optimizer.param_groups]
-            self.optimizer.load_state_dict(state["optimizer"])
-            for g, h in zip(self.optimizer.param_groups, hyper):
-                g.update(h)  # the config of this run wins over the checkpoint's (e.g. a new lr)
+            self.rule.load_state_dict(state["optimizer"])  # this run's lr wins over the saved one
             self.version = int(state["version"])
             self.revision += 1
             self.checkpoint_version = self.version
@@ -653,23 +563,13 @@ def _clone_tensors(obj):
     return obj
 
 
-def _adam(params: list[torch.Tensor], **kw) -> torch.optim.Adam:
-    """Fused Adam where the device has the kernel, else the multi-tensor (foreach) one."""
-    try:
-        return torch.optim.Adam(params, fused=True, **kw)
-    except (RuntimeError, ValueError):
-        return torch.optim.Adam(params, foreach=True, **kw)
-
-
 def build_store(cfg, model: nn.Module, *, live_window_s: float | None = None,
-                device: str | torch.device = "cpu", share: bool = False) -> ParameterStore:
-    """A store holding ``model``'s parameters with the run's (an ExperimentConfig's)
-    optimizer and staleness rule: the parameter server's, and a learner's local copy of it
-    (``learner.apply_locally``).
+                device: str | torch.device = "cpu") -> ParameterStore:
+    """A store holding a copy of ``model``'s parameters with the run's (an
+    ExperimentConfig's) optimizer rule and staleness rule.
 
     ``live_window_s`` (default ``DEFAULT_LIVE_WINDOW_S``) is how recently a client must have
-    called to count as live in Info. ``share``: the store steps ``model``'s own parameters
-    (see ``ParameterStore._own``).
+    called to count as live in Info.
     """
     ps = cfg.paramserver
     extra = {} if live_window_s is None else {"live_window_s": live_window_s}
@@ -677,4 +577,4 @@ def build_store(cfg, model: nn.Module, *, live_window_s: float | None = None,
                                      lr_final=ps.lr_final, lr_decay_versions=ps.lr_decay_versions,
                                      max_staleness=ps.max_staleness,
                                      staleness_scaling=ps.staleness_scaling, device=device,
-                                     share=share, **extra)
+                                     **extra)

@@ -360,25 +360,27 @@ def test_momentum_steps_are_affine_in_the_gradient_and_adam_steps_are_not():
         assert (gap < 1e-6) == affine, (preconditioned, gap)
 
 
-def test_a_shared_store_steps_the_models_own_weights():
-    # a learner's apply_locally: the store's step moves the replica itself, no copy
+def test_a_learners_replica_stepped_by_the_rule_matches_the_server(tmp_path):
+    """apply_locally: the learner steps its model's own weights with the server's
+    OptimizerRule (no copy) and lands exactly where the store does, 1-bit momentum steps and
+    the lr schedule included."""
+    from amprl.rl.optimizer import OptimizerRule
+
     model = tiny_model()
-    copy_store = ParameterStore.from_model(copy.deepcopy(model), lr=1e-2)
-    shared = ParameterStore.from_model(model, lr=1e-2, share=True)
+    store = ParameterStore.from_model(copy.deepcopy(model), lr=1e-2, lr_final=1e-3,
+                                      lr_decay_versions=4)
+    params = dict(model.named_parameters())
+    rule = OptimizerRule(params, lr=1e-2, lr_final=1e-3, lr_decay_versions=4)
+    pointers = {n: p.data_ptr() for n, p in params.items()}
+    for step in range(6):
+        grads = grads_for(store, seed=step)
+        precond = {next(iter(grads))} if step % 2 else set()
+        store.apply(step, grads, preconditioned=precond)
+        rule.step(grads, step, preconditioned=precond)
     for name, p in model.named_parameters():
-        assert shared.params[name].data_ptr() == p.data_ptr()
-    for step in range(3):
-        grads = grads_for(shared, seed=step)
-        shared.apply(step, grads)
-        copy_store.apply(step, grads)
-    for name, p in model.named_parameters():
-        assert torch.equal(p.detach(), copy_store.params[name].detach()), name
+        assert p.data_ptr() == pointers[name]  # stepped in place
+        assert torch.equal(p.detach(), store.params[name].detach()), name
         assert p.grad is None
-
-
-def test_a_store_cannot_share_a_tensor_it_would_have_to_convert():
-    with pytest.raises(InvalidArgument, match="w: cannot share a torch.float64 tensor"):
-        ParameterStore({"w": torch.zeros(3, dtype=torch.float64)}, share=True)
 
 
 def test_every_change_of_the_weights_gets_a_new_revision():
