@@ -10,7 +10,6 @@ learner: the other system's scaling test measures actor throughput with the limi
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import pytest

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from amprl.config import ReplayConfig
-from amprl.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from amprl.errors import FailedPrecondition, InvalidArgument, Unavailable
 from amprl.replay.table import ReplayTable
 from amprl.replay.testing import atari_spec, make_chunk, vector_spec
 from amprl.wire.transitions import Chunk
