@@ -34,7 +34,7 @@ import numpy as np
 from amprl.common.grpcutil import wait_until_serving
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.replay.client import ReplayClient, insert_request, sampled_batch_from_proto
-from amprl.wire.transitions import Chunk
+from amprl.rl.transitions import Chunk
 
 ATARI_SIZE = 84
 

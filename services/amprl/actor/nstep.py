@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from amprl.wire.transitions import Chunk
+from amprl.rl.transitions import Chunk
 
 
 class NStepChunker:

@@ -27,9 +27,10 @@ import numpy as np
 
 from amprl import errors
 from amprl.common.grpcutil import DEFAULT_MAX_MESSAGE_BYTES, make_channel, raise_for_rpc_error
+from amprl.rl.transitions import Chunk
 from amprl.v1 import replay_pb2, replay_pb2_grpc
 from amprl.wire.tensors import DTYPES, tensor_from_proto, tensor_to_proto
-from amprl.wire.transitions import Chunk, chunk_to_proto
+from amprl.wire.transitions import chunk_to_proto
 
 
 @dataclass

@@ -58,7 +58,7 @@ from amprl.envs.spec import EnvSpec
 from amprl.errors import ConfigError, FailedPrecondition, InvalidArgument, Unavailable
 from amprl.replay.storage import ChunkMeta, RedisFull, ReplayStorage
 from amprl.replay.sumtree import SumTree
-from amprl.wire.transitions import Chunk
+from amprl.rl.transitions import Chunk
 
 log = logging.getLogger(__name__)
 

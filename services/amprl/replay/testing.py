@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from amprl.envs.spec import EnvSpec
-from amprl.wire.transitions import Chunk
+from amprl.rl.transitions import Chunk
 
 
 def vector_spec() -> EnvSpec:

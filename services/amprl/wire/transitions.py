@@ -1,9 +1,4 @@
-"""Chunks of transitions <-> ``amprl.v1.TransitionBatch``.
-
-A chunk holds consecutive transitions of one actor and the distinct frames they are built
-from: observation t is ``frames[obs_idx[t]]`` (``stack`` frames, oldest first), its n-step
-next observation ``frames[next_obs_idx[t]]``. Each frame travels and is stored once, however
-many stacks use it.
+"""Chunks of transitions (``amprl.rl.transitions.Chunk``) <-> ``amprl.v1.TransitionBatch``.
 
 ``chunk_from_proto`` is the gate in front of the replay table: it checks every field against
 the run's EnvSpec and raises InvalidArgument naming the field and what was expected, so
@@ -13,35 +8,14 @@ nothing malformed is ever stored.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from amprl.envs.spec import EnvSpec
 from amprl.errors import InvalidArgument
+from amprl.rl.transitions import Chunk
 from amprl.v1 import replay_pb2, tensor_pb2
 from amprl.wire.tensors import DTYPES, tensor_from_proto, tensor_to_proto
-
-
-@dataclass
-class Chunk:
-    """T consecutive transitions over F distinct frames (NumPy, host memory)."""
-
-    frames: np.ndarray
-    """[F, *frame_shape], dtype spec.frame_dtype: the distinct frames."""
-    obs_idx: np.ndarray
-    """int32 [T, stack]: indices into frames forming each observation, oldest first."""
-    next_obs_idx: np.ndarray
-    """int32 [T, stack]: indices into frames forming each n-step next observation."""
-    actions: np.ndarray
-    """int64 [T] (discrete) or float32 [T, action_dim] (continuous)."""
-    rewards: np.ndarray
-    """float32 [T]: n-step discounted returns."""
-    discounts: np.ndarray
-    """float32 [T]: gamma^n, or 0 when the episode terminated within the n steps."""
-
-    def __len__(self) -> int:
-        return int(self.rewards.shape[0])
 
 
 def chunk_to_proto(chunk: Chunk, msg: replay_pb2.TransitionBatch) -> replay_pb2.TransitionBatch:

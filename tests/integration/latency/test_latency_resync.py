@@ -25,7 +25,7 @@ from amprl.learner.learner import Learner
 from amprl.paramserver.client import ParameterClient
 from amprl.replay.client import ReplayClient
 from amprl.replay.service import create_server as create_replay
-from amprl.wire.transitions import Chunk
+from amprl.rl.transitions import Chunk
 
 OVERRIDES = ["replay.min_size_to_sample=100", "replay.samples_per_insert=0", "learner.batch_size=32",
              "learner.device=cpu", "learner.grad_encoding=onebit", "learner.onebit_min_elements=16",

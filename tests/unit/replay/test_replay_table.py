@@ -5,7 +5,7 @@ from amprl.config import ReplayConfig
 from amprl.errors import FailedPrecondition, InvalidArgument, Unavailable
 from amprl.replay.table import ReplayTable
 from amprl.replay.testing import atari_spec, make_chunk, vector_spec
-from amprl.wire.transitions import Chunk
+from amprl.rl.transitions import Chunk
 
 
 def cfg(**kw) -> ReplayConfig:
