@@ -15,7 +15,7 @@ Prints one JSON object: ``updates_per_s_{0,100,300}ms`` (batches trained per sec
 ``batches_per_push_*``, ``push_rtt_ms_*``, stale rejections, the window used, and
 ``updates_ratio_300ms`` = updates/s at 300 ms / at 0 ms, and the largest staleness the
 server accepted. With ``--baseline`` (default on) it also measures the same experiment
-with a plain bounded window (no ``apply_locally``, 2 pushes in flight, no accumulation) at
+with a plain bounded window (``learner.sync: overlapped``, 2 pushes in flight, no accumulation) at
 0 and 300 ms, once each, for comparison.
 """
 
@@ -130,7 +130,7 @@ def main() -> int:
     cfg = load_config(args.config, args.overrides + fixed)
     # the same experiment with the plain bounded window of configs/cartpole-dqn.yaml
     base = load_config(args.config, args.overrides + fixed + [
-        "learner.apply_locally=false", "learner.max_pushes_in_flight=2",
+        "learner.sync=overlapped", "learner.max_pushes_in_flight=2",
         "learner.max_batches_per_push=1", "learner.pull_lag_versions=1", "learner.steps_per_push=1"])
     spec = env_spec(cfg.env)
     runs: dict[int, list[dict]] = {r: [] for r in RTTS_MS}
@@ -168,7 +168,7 @@ def main() -> int:
                  "batch_size": cfg.learner.batch_size,
                  "window": runs[0][0]["window"], "max_batches_per_push": cfg.learner.max_batches_per_push,
                  "max_staleness": cfg.paramserver.max_staleness,
-                 "apply_locally": cfg.learner.apply_locally,
+                 "sync": cfg.learner.sync,
                  "max_staleness_accepted": max_staleness_accepted,
                  "relay": "amprl.netsim.relay process on 127.0.0.1, RTT/2 each way (0 ms: same relay, no delay)",
                  "loadavg_1min_before_after": [round(load_before, 1), round(os.getloadavg()[0], 1)],

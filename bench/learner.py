@@ -13,7 +13,7 @@ on the device) and precision (fp32, bf16, fp16 with its GradScaler) it measures,
   * ``updates_per_s``: the real Learner — batches from its prefetch queue (sampled from a live
     replay service), gradients pushed to a live parameter server (separate processes), with
     the experiment config's own push settings: the DQN cases as cartpole-dqn.yaml (one push
-    in flight, applied to the learner's replica too, ``apply_locally``: the learner runs the
+    in flight, applied to the learner's replica too, ``sync: local_replica``: the learner runs the
     same Adam step as the plain loop and re-bases onto the server's weights every 64
     pushes; 4 steps per call with bf16 gradients), TD3 as halfcheetah-td3.yaml (two pushes in flight, new weights pulled back in
     the background);
@@ -230,7 +230,7 @@ def main() -> int:
     p.add_argument("--precisions", default="fp32,bf16", help="comma-separated subset of fp32,bf16,fp16")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     p.add_argument("--set", dest="overrides", action="append", default=[],
-                   help="extra config overrides, e.g. learner.pull_lag_versions=0 (synchronous)")
+                   help="extra config overrides, e.g. learner.sync=synchronous")
     args = p.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     if args.pin and len(cpus) < 2:

@@ -188,13 +188,20 @@ class LearnerConfig:
     push_timeout_s: float = 10.0
     """Deadline of one push, including waiting for a lost connection to come back; a push
     past it is dropped (never resent) and frees its window slot."""
+    sync: Literal["overlapped", "synchronous", "local_replica"] = "overlapped"
+    """How the learner's weights follow the parameter server (see ``amprl.learner.learner``):
+    ``overlapped``: new weights are pulled in the background (or come in a push's reply)
+    while updates go on, so gradients are a few versions stale; ``synchronous``: each update
+    waits for its push's reply and loads the weights it made (staleness 0, one round trip
+    per update: for small models on a fast link); ``local_replica``: each push is also
+    applied to the learner's own replica with the server's optimizer rule and the replica
+    re-bases onto the server's weights every ``pull_lag_versions`` pushes (staleness 0 for
+    one learner at any round trip, with the overlap of ``overlapped``)."""
     pull_lag_versions: int = 1
-    """Pull new weights once the server is this many versions ahead of the learner's replica
-    (1 = after every push; larger values trade staleness for fewer weight transfers).
-    0 = synchronous: each update waits for its push's reply and pulls the weights it made
-    before the next update, so gradients are never stale (staleness 0) at the cost of a
-    push and a pull round trip per update -- for small models on a fast link, where stale
-    gradients, not round trips, limit learning (see ``amprl.learner.learner``)."""
+    """``overlapped``: pull new weights once the server is this many versions ahead of the
+    learner's replica (1 = after every push; larger values trade staleness for fewer weight
+    transfers). ``local_replica``: re-base onto the server's weights every this many pushes.
+    Not used by ``synchronous``."""
     sample_batches_per_call: int = 1
     """Batches drawn per Sample RPC (split on the learner; amortises the call's cost)."""
     priority_flush_s: float = 0.02
@@ -206,13 +213,8 @@ class LearnerConfig:
     """Elements per scale block of the 1-bit encoding."""
     onebit_min_elements: int = 64
     """Tensors smaller than this (biases) are sent dense (fp32), where 1 bit saves ~nothing."""
-    apply_locally: bool = False
-    """Apply each push to the learner's own replica with the server's optimizer rule while
-    it is in flight, re-basing onto the server's weights from push replies: staleness-0
-    gradients for one learner at any window and round trip (see "Apply locally" in
-    amprl.learner.learner). Needs pull_lag_versions >= 1 (re-base every that many pushes)."""
     steps_per_push: int = 1
-    """With ``apply_locally``: consecutive optimizer steps sent in one PushGradients call
+    """With ``sync: local_replica``: consecutive optimizer steps sent in one PushGradients call
     (``more_steps``), each still its own Adam step and version on the server, applied in
     order. Shares the call's fixed cost (gRPC and request handling on both sides, ~1 ms of
     CPU per call for the CartPole network) among the steps; the server's weights trail the
@@ -419,7 +421,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "learner.max_pushes_in_flight": (lambda v: 0 <= v <= 256, "must be in [0, 256] (0 = auto)"),
     "learner.max_batches_per_push": (lambda v: v >= 1, "must be >= 1"),
     "learner.push_timeout_s": (lambda v: v > 0, "must be > 0"),
-    "learner.pull_lag_versions": (lambda v: v >= 0, "must be >= 0 (0 = synchronous)"),
+    "learner.pull_lag_versions": (lambda v: v >= 1, "must be >= 1 (the synchronous mode is learner.sync: synchronous)"),
     "learner.sample_batches_per_call": (lambda v: v >= 1, "must be >= 1"),
     "learner.steps_per_push": (lambda v: 1 <= v <= 64, "must be in [1, 64]"),
     "learner.priority_flush_s": (lambda v: 0 <= v <= 5, "must be in [0, 5] seconds"),
@@ -506,10 +508,20 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported type {tp}")
 
 
+RENAMED = {
+    "learner.apply_locally": "replaced by learner.sync (apply_locally: true is "
+                             "sync: local_replica)",
+}
+"""Keys of earlier versions, with what replaced them (named in the error, not accepted)."""
+
+
 def _build(cls, data: dict, prefix: str = ""):
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
+    for key in unknown:
+        if prefix + key in RENAMED:
+            raise ConfigError(f"{prefix}{key}: {RENAMED[prefix + key]}")
     if unknown:
         raise ConfigError(f"unknown key {prefix}{unknown[0]} (known: {', '.join(sorted(names))})")
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
@@ -551,13 +563,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                           f"replay.capacity ({cfg.replay.capacity})")
     if cfg.learner.batch_size > cfg.replay.capacity:
         raise ConfigError(f"learner.batch_size: {cfg.learner.batch_size} exceeds replay.capacity")
-    if cfg.learner.apply_locally and cfg.learner.pull_lag_versions < 1:
-        raise ConfigError("learner.apply_locally: needs learner.pull_lag_versions >= 1 (it "
-                          "re-bases onto the server's weights every that many pushes; 0 is the "
-                          "synchronous mode, which has nothing to apply locally)")
-    if cfg.learner.steps_per_push > 1 and not cfg.learner.apply_locally:
+    if cfg.learner.steps_per_push > 1 and cfg.learner.sync != "local_replica":
         raise ConfigError(f"learner.steps_per_push: {cfg.learner.steps_per_push} needs "
-                          f"learner.apply_locally: true (step i of a push is computed on the "
+                          f"learner.sync: local_replica (step i of a push is computed on the "
                           f"weights the steps before it make, which only a learner that "
                           f"applies its own steps has)")
     if cfg.learner.overlap_targets and cfg.algo != "dqn":

@@ -81,7 +81,7 @@ def test_the_slow_link_config_trains_the_default_agent():
     wan = _flat(load_config(ROOT / "configs/cartpole-dqn-wan.yaml"))
     differ = {k for k in default if default[k] != wan[k]}
     assert differ <= _LINK_KEYS, f"agent settings that drifted apart: {sorted(differ - _LINK_KEYS)}"
-    assert wan["learner.grad_encoding"] == "onebit" and wan["learner.apply_locally"]
+    assert wan["learner.grad_encoding"] == "onebit" and wan["learner.sync"] == "local_replica"
 
 
 def test_run_nice_defaults_put_the_learner_first_and_name_services_by_process():

@@ -331,7 +331,7 @@ class ErrorFeedback:
         self.decoded: dict[str, torch.Tensor] = {}
         """name -> D(C(e)) of the last ``compress``: exactly what ``decode`` of its messages
         gives (float32, on the gradients' device), kept so that a sender that mirrors the
-        receiver's step (``learner.apply_locally``) need not decode its own messages."""
+        receiver's step (``learner.sync: local_replica``) need not decode its own messages."""
         self._flat_residual: tuple | None = None
         """bf16/fp16: (key, flat buffer, views) of the last step's residuals (_compress_lowp)."""
 

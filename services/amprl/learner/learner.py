@@ -38,7 +38,7 @@ Hence:
   actors run ahead of the (fewer, larger) steps and steps-to-target grows. With
   ``max_batches_per_push`` 1 the learner instead runs at W / R updates/s and keeps the
   per-step sample efficiency, paying in wall-clock time.
-* **Synchronous mode.** ``learner.pull_lag_versions: 0`` trades the overlap for fresh
+* **Synchronous mode.** ``learner.sync: synchronous`` trades the overlap for fresh
   gradients: each update waits for its push's reply, which carries the weights the push
   made (``return_weights``; a pull when the model is too large for one message), and loads
   them before the next update (staleness 0, one round trip per update). On loopback with a small model
@@ -46,9 +46,9 @@ Hence:
   and DQN learns markedly steadier: with a mean staleness of 2-4 versions (the overlapped
   default) CartPole's greedy return oscillated (~300 after 50k steps) instead of settling
   at 500.
-* **Apply locally** (``learner.apply_locally``). The learner also applies each push to its
-  own replica with the server's optimizer rule (a local ``ParameterStore`` built from the
-  same config that steps the replica's weights in place, fed the *decoded* message, so
+* **Apply locally** (``learner.sync: local_replica``). The learner also applies each push
+  to its own replica with the server's optimizer rule (``amprl.rl.optimizer.OptimizerRule``
+  built from the same config, stepping the replica's weights in place, fed the *decoded* message, so
   exactly what the server will apply), so the next gradient is computed on the weights the
   server will hold when it arrives: with one learner, in-order delivery makes every push's
   staleness 0 however wide the window and however long the round trip -- the overlap of
@@ -64,8 +64,8 @@ Hence:
   between devices); ``stats.rebase_drift`` is the largest |replica - server| a re-base
   found (0.0 with one fp32 CPU learner: the two stores compute the same steps). A push
   whose reply comes back without weights (a model over one message) leaves the replica on
-  its own steps until a re-sync. Needs ``pull_lag_versions`` >= 1.
-* **Several steps per call** (``learner.steps_per_push``, apply_locally only). Since the
+  its own steps until a re-sync.
+* **Several steps per call** (``learner.steps_per_push``, ``local_replica`` only). Since the
   replica already holds each step, consecutive steps can travel together: K steps in one
   PushGradients call (``more_steps``), step i computed on base_version + i, applied by the
   server back to back, one version each -- the same optimizer steps in the same order, with
@@ -152,9 +152,9 @@ class LearnerStats:
     push_rtt_ms: float = 0.0
     """Moving average of a push's round trip (send to reply)."""
     rebases: int = 0
-    """apply_locally: times the replica was re-based onto weights from the server."""
+    """local_replica: times the replica was re-based onto weights from the server."""
     rebase_drift: float = 0.0
-    """apply_locally: largest |replica - server| over the applied pushes, at a re-base."""
+    """local_replica: largest |replica - server| over the applied pushes, at a re-base."""
 
 
 class Learner:
@@ -185,13 +185,13 @@ class Learner:
         self._priorities: queue.Queue = queue.Queue(maxsize=256)
         self.window = self.lcfg.max_pushes_in_flight or min(256, max(1, cfg.paramserver.max_staleness // 2))
         """Pushes in flight at most (see the rule in the module docstring)."""
-        # apply_locally: the server's optimizer rule stepping the replica's own weights, the
+        # local_replica: the server's optimizer rule stepping the replica's own weights, the
         # weight change of the pushes a re-base may need (seq, {name: delta}; see
         # _apply_locally), and the version each push's reply reported (seq -> version)
         self.local = (OptimizerRule.from_config(cfg, self._params)
-                      if self.lcfg.apply_locally else None)
+                      if self.lcfg.sync == "local_replica" else None)
         self._seq = 0
-        self._unsent: list = []  # apply_locally: steps applied locally, not yet pushed
+        self._unsent: list = []  # local_replica: steps applied locally, not yet pushed
         self._unsent_base = 0
         self._deltas: collections.deque = collections.deque()
         self._made: dict[int, int] = {}
@@ -208,7 +208,7 @@ class Learner:
         self._newest_seen = 0
         self._incarnation = 0  # the parameter server's, from its push replies (0: not seen)
         self._weights_push = None  # the newest push that asked for its weights in the reply
-        # apply_locally: that push's reply is not handled yet (its callback clears this)
+        # local_replica: that push's reply is not handled yet (its callback clears this)
         self._weights_push_open = False
         # gradients averaged into the next push while the window is full
         self._acc: dict[str, torch.Tensor] = {}
@@ -336,7 +336,7 @@ class Learner:
             if not self._want_pull.wait(timeout=0.5):
                 continue
             self._want_pull.clear()
-            # apply_locally asks for pulls only to re-sync (after a failed or rejected push)
+            # local_replica asks for pulls only to re-sync (after a failed or rejected push)
             resync = self._resync.is_set() or self.local is not None
             self._resync.clear()
             try:
@@ -358,7 +358,7 @@ class Learner:
                 # reply may have brought newer weights meanwhile: keep those.
                 with self._pending_lock:
                     if resync or version > self._newest_held():
-                        # apply_locally: a re-sync forgets the pushes in flight (None)
+                        # local_replica: a re-sync forgets the pushes in flight (None)
                         self._pending_weights = ((version, weights, None)
                                                  if self.local is not None else (version, weights))
 
@@ -422,7 +422,7 @@ class Learner:
 
     @torch.no_grad()
     def _rebase(self, version: int, weights: dict, anchor_seq: int | None) -> None:
-        """apply_locally: replica = the server's ``weights`` at ``version`` + the changes of our
+        """local_replica: replica = the server's ``weights`` at ``version`` + the changes of our
         pushes not in them (module docstring). ``anchor_seq``: the push whose reply brought
         them (the ones sent before it are in); None: a re-sync (a pull) or the start, which
         forgets every push in flight."""
@@ -555,7 +555,7 @@ class Learner:
                                 and (pending is None or pending[0] < reply.version)):
                             self._pending_weights = (reply.version, weights, seqs[-1])
                 return  # the replica moves with our own pushes; no pulls but re-syncs
-            if self.lcfg.pull_lag_versions == 0:
+            if self.lcfg.sync == "synchronous":
                 return  # synchronous: the update loop pulls (``_sync_weights``)
             if reply.version - self.version < self.lcfg.pull_lag_versions:
                 return  # the replica is recent enough; don't pay a pull for every push
@@ -603,9 +603,9 @@ class Learner:
         the model's size per push downstream, for weights the replica mostly skips) and
         the version it makes will leave the replica ``pull_lag_versions`` behind (the
         pushes in flight each add a version)."""
-        lag = self.lcfg.pull_lag_versions
-        if lag == 0:
+        if self.lcfg.sync == "synchronous":
             return True
+        lag = self.lcfg.pull_lag_versions
         if self._weights_push is not None and not self._weights_push.done():
             return False
         if self.local is not None:
@@ -658,7 +658,7 @@ class Learner:
         if self.local is None:
             self._send(base_version, [(msgs, items, self._seq)])
             return
-        # apply_locally: the step joins the unsent ones (learner.steps_per_push of them per
+        # local_replica: the step joins the unsent ones (learner.steps_per_push of them per
         # call); step i of a call is computed on the call's base version + i
         if not self._unsent:
             self._unsent_base = base_version
@@ -755,7 +755,7 @@ class Learner:
             self._accumulate(grads, len(keys))
             if not full or self._acc_batches >= self.lcfg.max_batches_per_push:
                 self._flush()  # waits for a slot only in the second case
-        if self.lcfg.pull_lag_versions == 0:
+        if self.lcfg.sync == "synchronous":
             self._sync_weights()
         self.stats.updates += 1
         self.stats.grad_norm = norm_value

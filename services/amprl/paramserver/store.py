@@ -18,7 +18,7 @@ computes a gradient on the weights of some ``base_version``; when the gradient a
 
 A ``base_version`` ahead of ``version`` by at most ``max_staleness`` first waits up to
 ``reorder_wait_s`` for the version to catch up: a learner that applies its pushes locally
-(``learner.apply_locally``) computes push k+1 on the version push k will make, and two
+(``learner.sync: local_replica``) computes push k+1 on the version push k will make, and two
 pushes sent back to back can reach the store in either order (each call decodes on its
 own thread before taking the lock), so the store applies them in the order they were
 computed. A base still ahead after the wait, or further ahead (the server restarted from

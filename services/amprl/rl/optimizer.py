@@ -1,7 +1,7 @@
 """The run's optimizer rule: one Adam step (or a momentum step for preconditioned 1-bit
 gradients) that makes the next version of the weights. The parameter server steps its
 master weights with it; a learner that applies its pushes to its own replica
-(``learner.apply_locally``) steps the replica with the same rule, so both land on the same
+(``learner.sync: local_replica``) steps the replica with the same rule, so both land on the same
 weights.
 
 Preconditioned gradients (learners send their 1-bit tensors so, see
@@ -39,7 +39,7 @@ class OptimizerRule:
         self.params = dict(params)
         # fused: one kernel for the whole step (CPU and CUDA), 0.12 ms instead of foreach's
         # 0.37 ms (and a Python loop's 0.29 ms) for the CartPole network; it runs on the
-        # server for every push and on a learner with apply_locally for every update.
+        # server for every push and on a learner with a local replica for every update.
         self.optimizer = _adam(list(self.params.values()), lr=lr, betas=betas, eps=adam_eps)
         self.lr = float(lr)
         self.lr_final = (None if lr_final is None or lr_final < 0 or lr_decay_versions <= 0
@@ -91,7 +91,7 @@ class OptimizerRule:
         ``step`` and ``zero_grad`` add ~35 us of bookkeeping per call (profiler scopes, hooks,
         a scan of every parameter's ``.grad``) -- as much as the fused kernel itself on a
         70k-parameter MLP, paid per push on the server and per update by a learner with
-        ``apply_locally``."""
+        ``sync: local_replica``."""
         group = self.optimizer.param_groups[0]
         fused = bool(group.get("fused"))
         exp_avgs, exp_avg_sqs, steps = [], [], []

@@ -94,7 +94,7 @@ class PushGradientsRequest(_message.Message):
     def more_steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___GradientStep]:
         """Further optimizer steps, applied in order right after `gradients`, each one version:
         step i (1, 2, ...) was computed on base_version + i, the weights the steps before it
-        make. A learner that applies its steps to its own replica (apply_locally) sends
+        make. A learner that applies its steps to its own replica (learner.sync: local_replica) sends
         several consecutive steps in one call to share the call's cost. The push is validated
         as a whole before anything is applied (a bad step anywhere: INVALID_ARGUMENT, nothing
         changed) and its staleness is judged once, on base_version; the steps are applied

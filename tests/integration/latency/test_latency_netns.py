@@ -7,7 +7,7 @@ namespace adding 150 ms each way: a 300 ms round trip on real sockets between re
 interfaces. Nothing in the host namespace dials a namespace address: Info is asked from
 inside "learner".
 
-Bounds (configs/cartpole-dqn-wan.yaml: apply_locally, a window of 48 pushes):
+Bounds (configs/cartpole-dqn-wan.yaml: sync: local_replica, a window of 48 pushes):
   * a push round trip through the relay takes >= 300 ms (the delay is real);
   * versions advance at >= 5/s (training progresses) and at most window / RTT = 48 / 0.3
     = 160/s (+25% slack): the window bounds optimizer steps per round trip;

@@ -136,10 +136,10 @@ def test_fp16_overflow_backs_off_the_loss_scale_and_skips_the_step(system):
 
 @pytest.mark.parametrize("encoding", ["fp32", "onebit"])
 def test_apply_locally_keeps_the_replica_on_the_servers_weights_with_a_wide_window(system, encoding):
-    """With apply_locally the learner steps its replica as the server will: with one
+    """With sync: local_replica the learner steps its replica as the server will: with one
     learner every push arrives at staleness 0 even with 8 pushes in flight, the re-bases
     find (almost) nothing to correct, and at the end the replica is the server's weights."""
-    learner, _, ps = system("learner.apply_locally=true", "learner.max_pushes_in_flight=8",
+    learner, _, ps = system("learner.sync=local_replica", "learner.max_pushes_in_flight=8",
                             "learner.pull_lag_versions=4", f"learner.grad_encoding={encoding}",
                             "paramserver.max_staleness=16")
     learner.start()
@@ -160,7 +160,7 @@ def test_steps_per_push_sends_consecutive_steps_in_one_call_and_the_server_match
     """learner.steps_per_push 4: 4 optimizer steps per PushGradients call, each its own
     version on the server, applied in the order they were computed. The server ends on the
     replica's weights (every step at staleness 0) after 1/4 of the calls."""
-    learner, _, ps = system("learner.apply_locally=true", f"learner.max_pushes_in_flight={window}",
+    learner, _, ps = system("learner.sync=local_replica", f"learner.max_pushes_in_flight={window}",
                             "learner.pull_lag_versions=8", "learner.steps_per_push=4",
                             "paramserver.max_staleness=16")
     learner.start()
@@ -183,7 +183,7 @@ def test_apply_locally_steps_the_replica_in_place_and_keeps_only_the_changes_a_r
     """The local store steps the model's own weights; the weight change of a push is kept
     only while a reply that brings weights is awaited or waits to be taken (the pushes a
     re-base adds back), not for every push -- and the replica still ends on the server's."""
-    learner, _, ps = system("learner.apply_locally=true", "learner.max_pushes_in_flight=2",
+    learner, _, ps = system("learner.sync=local_replica", "learner.max_pushes_in_flight=2",
                             "learner.pull_lag_versions=16", "paramserver.max_staleness=16")
     for name, p in learner.model.named_parameters():
         assert learner.local.params[name].data_ptr() == p.data_ptr()
@@ -209,7 +209,7 @@ def test_apply_locally_steps_the_replica_in_place_and_keeps_only_the_changes_a_r
 def test_apply_locally_rebases_onto_pushes_from_another_learner(system):
     """Another learner's push moves the server's weights: the next re-base folds that
     change into the replica, keeping the replica's own pushes in flight on top."""
-    learner, _, ps = system("learner.apply_locally=true", "learner.max_pushes_in_flight=4",
+    learner, _, ps = system("learner.sync=local_replica", "learner.max_pushes_in_flight=4",
                             "learner.pull_lag_versions=1")
     learner.start()
     _run_updates(learner, 5)

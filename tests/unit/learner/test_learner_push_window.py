@@ -172,7 +172,7 @@ class ApplyingPS(FakePS):
 
 
 def test_pull_lag_0_trains_every_batch_on_the_weights_its_previous_push_made():
-    learner, _ = _learner("learner.pull_lag_versions=0", "learner.max_pushes_in_flight=1")
+    learner, _ = _learner("learner.sync=synchronous", "learner.max_pushes_in_flight=1")
     ps = ApplyingPS(learner.ps.weights, version=7)
     learner.ps = ps
     for i in range(3):
@@ -196,7 +196,7 @@ class ReplyingPS(ApplyingPS):
 
 
 def test_pull_lag_0_loads_the_weights_from_the_push_reply_without_a_pull():
-    learner, _ = _learner("learner.pull_lag_versions=0", "learner.max_pushes_in_flight=1")
+    learner, _ = _learner("learner.sync=synchronous", "learner.max_pushes_in_flight=1")
     ps = ReplyingPS(learner.ps.weights, version=7)
     learner.ps = ps
     for i in range(3):
@@ -300,11 +300,13 @@ def test_a_reply_offered_while_newer_weights_are_being_loaded_is_not_a_rollback(
 @pytest.mark.parametrize("override, key", [("learner.max_batches_per_push=0", "learner.max_batches_per_push"),
                                            ("learner.max_pushes_in_flight=-1", "learner.max_pushes_in_flight"),
                                            ("learner.push_timeout_s=0", "learner.push_timeout_s"),
-                                           ("learner.pull_lag_versions=-1", "learner.pull_lag_versions"),
+                                           ("learner.pull_lag_versions=0", "learner.pull_lag_versions"),
                                            ("learner.steps_per_push=0", "learner.steps_per_push"),
                                            ("learner.steps_per_push=65", "learner.steps_per_push"),
                                            # several steps per call need the replica's own steps
-                                           ("learner.steps_per_push=4", "learner.apply_locally")])
+                                           ("learner.steps_per_push=4", "learner.sync: local_replica"),
+                                           ("learner.pull_lag_versions=0", "learner.sync: synchronous"),
+                                           ("learner.apply_locally=true", "replaced by learner.sync")])
 def test_window_settings_out_of_range_fail_at_load_naming_the_key(override, key):
     with pytest.raises(errors.ConfigError, match=key):
         load_config(None, [override])

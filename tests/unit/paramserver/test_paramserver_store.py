@@ -62,7 +62,7 @@ def test_apply_is_one_adam_step_and_advances_the_version():
 @pytest.mark.parametrize("staleness_scaling", [False, True])
 def test_apply_reads_the_gradients_and_never_writes_them(staleness_scaling):
     # the store steps with the caller's tensors as .grad (no copy): a learner's
-    # apply_locally passes its compressor's decoded gradients, which must stay as sent
+    # a local replica (learner.sync: local_replica) passes its compressor's decoded gradients, which must stay as sent
     store = ParameterStore.from_model(tiny_model(), lr=1e-2, staleness_scaling=staleness_scaling)
     names = list(store.shapes)
     for step in range(3):
@@ -361,7 +361,7 @@ def test_momentum_steps_are_affine_in_the_gradient_and_adam_steps_are_not():
 
 
 def test_a_learners_replica_stepped_by_the_rule_matches_the_server(tmp_path):
-    """apply_locally: the learner steps its model's own weights with the server's
+    """learner.sync: local_replica: the learner steps its model's own weights with the server's
     OptimizerRule (no copy) and lands exactly where the store does, 1-bit momentum steps and
     the lr schedule included."""
     from amprl.rl.optimizer import OptimizerRule
