@@ -340,7 +340,7 @@ class Actor:
 
     def _explore(self, greedy: np.ndarray) -> np.ndarray:
         """Each env's greedy action, replaced by a uniform random one with its ε."""
-        u = self.rng.random((2, len(greedy)))  # one draw for both: a draw costs ~1 us per call
+        u = self.rng.random((2, len(greedy)))  # one draw for both: each call has a fixed cost
         explore = u[0] < self.current_epsilons()
         if explore.any():
             return np.where(explore, (u[1] * self.spec.num_actions).astype(np.int64), greedy)

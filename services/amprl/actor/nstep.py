@@ -33,10 +33,10 @@ the bootstrap value V(s_{t+n}) from the acting pass at s_{t+n}, and hands out ea
 so no network runs over the chunk again. A truncated episode's final observation is never
 acted on; the caller scores it separately (``final_observations``).
 
-Cost: a step is a fixed handful of NumPy calls over the env batch, whatever its size
-(~15 us on this machine; a step where episodes end adds ~20 us, one gather over the
-(env, window) pairs); a chunk adds a mark-and-count over the frame log (~30 us). Batch
-16+ envs per actor and the chunker costs ~1-3 us per env step.
+Cost: a step is a fixed handful of NumPy calls over the env batch, whatever its size; a
+step where episodes end adds one gather over the (env, window) pairs, and a chunk a
+mark-and-count over the frame log. So the cost per env step falls as the envs per actor
+grow (``bench/actor.py``).
 """
 
 from __future__ import annotations

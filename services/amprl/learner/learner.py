@@ -41,11 +41,10 @@ Hence:
 * **Synchronous mode.** ``learner.sync: synchronous`` trades the overlap for fresh
   gradients: each update waits for its push's reply, which carries the weights the push
   made (``return_weights``; a pull when the model is too large for one message), and loads
-  them before the next update (staleness 0, one round trip per update). On loopback with a small model
-  (CartPole) that costs ~35% of the update rate (12k updates in 86 s instead of 54 s),
-  and DQN learns markedly steadier: with a mean staleness of 2-4 versions (the overlapped
-  default) CartPole's greedy return oscillated (~300 after 50k steps) instead of settling
-  at 500.
+  them before the next update (staleness 0, one round trip per update). On loopback with a
+  small model (CartPole) that costs part of the update rate, and DQN learns markedly
+  steadier: at the few versions of staleness of ``overlapped`` CartPole's greedy return
+  oscillated instead of settling at 500.
 * **Apply locally** (``learner.sync: local_replica``). The learner also applies each push
   to its own replica with the server's optimizer rule (``amprl.rl.optimizer.OptimizerRule``
   built from the same config, stepping the replica's weights in place, fed the *decoded* message, so
@@ -722,7 +721,7 @@ class Learner:
         """One update on ``item`` = (Batch, keys); returns True (the batch was consumed)."""
         batch, keys = item
         names = self.algo.trainable_names(self.stats.updates)
-        for p in self._params.values():  # model.zero_grad(set_to_none=True) without its ~10 us
+        for p in self._params.values():  # model.zero_grad(set_to_none=True) without its bookkeeping
             p.grad = None
         info: dict = {}
         with self.precision.autocast():

@@ -213,7 +213,7 @@ class ParameterClient:
         live as long as the client: building and serialising the request (a whole
         gradient) happens there, not in the caller's update loop, and no gRPC channel-spin
         thread is started per call (what ``stub.X.future`` does whenever no other call is
-        in flight: measured as ~18% of the learner's update thread in a py-spy profile).
+        in flight: a large share of the learner's update thread in a py-spy profile).
         """
         with self._pool_lock:
             if self._push_pool is None:

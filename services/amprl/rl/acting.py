@@ -48,8 +48,8 @@ def _linear_chain(seq: torch.nn.Module) -> list[tuple[torch.nn.Linear, bool]] | 
 
 _NARROW = 16
 """Layers with at most this many outputs run as ``F.linear`` on the ``[out, in]`` weight:
-MKL's ``addmm`` over a transposed weight takes a slow path there (64 rows x 256 -> 2
-outputs: ~22 us against ~7 us), while wide layers are faster as ``addmm`` (see _plan)."""
+MKL's ``addmm`` over a transposed weight takes a slow path there, several times slower,
+while wide layers are faster as ``addmm`` (see _plan)."""
 
 
 def _layer(weight: torch.Tensor, bias: torch.Tensor, relu: bool, *, transpose_wide: bool = True
@@ -130,18 +130,15 @@ class ActingQNetwork:
       combination folded into one narrow layer (``_dueling_heads``): the modules'
       function (equal up to float rounding, ~1e-7) without the module calls, the
       transposed-weight GEMM of ``F.linear`` on wide layers and MKL's slow path for narrow
-      ones: 64 CartPole observations through the dueling 256x256 MLP take ~80-120 us
-      against ~120-170 us for the module (AMD EPYC core, a busy machine), next to
-      64 x 6-10 us of env steps;
+      ones (a pass costs about as much as the env steps it acts for, so the module's
+      overhead mattered);
     * Nature-CNN Q-networks on uint8 frames, in ``dtype`` (bf16 for a bf16 run where the
       CPU computes it natively, else fp32): copies of the convolutions with the 1/255
       frame scaling folded into the first one's weights (uint8 values are exact in bf16),
       run NCHW, then the heads as one chain (``_dueling_heads``: both 512-unit hidden
-      layers in one GEMM). 16 Pong stacks in bf16 on an AMD EPYC (Zen 4, AVX512-BF16)
-      core: ~2.5 ms against ~3.4 ms for a bf16 copy of the module in channels-last
-      (whose input permute alone took ~0.26 ms; that copy was chosen on a Sapphire Rapids
-      core, ~1.9 ms there, where this chain is not measured) and ~5.2 ms in fp32; Q-values within
-      ~1% of fp32 (the learner of a bf16 run computes in bf16 too). At batch 16 the
+      layers in one GEMM), faster than a bf16 copy of the module in channels-last (whose
+      input permute alone is a noticeable share) and than fp32; Q-values within ~1% of
+      fp32 (the learner of a bf16 run computes in bf16 too). At batch 16 the
       heads' 6.4 MB of bf16 weights are read from memory once per pass: more envs per
       actor share that read;
     * otherwise a ``dtype`` copy of the replica (or the replica itself in fp32).
@@ -235,9 +232,8 @@ class ActingPolicy:
     """pi(s) of a TD3 replica as float32 NumPy, for an actor's acting pass, and the critic
     TD errors that are its transitions' initial priorities.
 
-    The policy MLP runs as an ``addmm``/``relu_`` chain (see ActingQNetwork; ~55 -> ~30 us
-    for 16 HalfCheetah observations on a Sapphire Rapids core), then tanh, scale and bias
-    as ``DeterministicActor`` does; the critics likewise (``td_abs``). ``sync`` refreshes
+    The policy MLP runs as an ``addmm``/``relu_`` chain (see ActingQNetwork), then tanh,
+    scale and bias as ``DeterministicActor`` does; the critics likewise (``td_abs``). ``sync`` refreshes
     the plans' weights after the replica's weights change.
     """
 
@@ -298,8 +294,8 @@ class ActingPolicy:
 class GreedyPolicy:
     """Greedy actions of a replica through the actors' fast paths (fp32): argmax of
     ``ActingQNetwork`` (DQN, [B] int64) or ``ActingPolicy``'s deterministic action (TD3,
-    [B, action_dim] float32), for the evaluator. 10 CartPole observations: ~36 us against
-    ~95 us through the module. ``sync`` after the replica's weights change."""
+    [B, action_dim] float32), for the evaluator, at a fraction of the module's cost.
+    ``sync`` after the replica's weights change."""
 
     def __init__(self, model: torch.nn.Module, discrete: bool):
         self.discrete = discrete

@@ -38,10 +38,8 @@ class Linear(nn.Linear):
     than ``NARROW_FEATURES`` (an MLP's input layer on a vector observation, the Q-value,
     value, advantage and action heads): on the CPU a bf16 GEMM that narrow is slower than
     the fp32 one -- the low-precision kernel's fixed cost and the casts outweigh the
-    arithmetic saved. Forward + backward at batch 256 on this project's machine (AMX):
-    4->256 104 us fp32 / 189 us bf16, 256->2 67 / 147 us, 256->18 91 / 155 us, against
-    425 / 283 us for 256->256 and 9.7 / 3.6 ms for the Nature CNN's 3136->512, which keep
-    bf16. Such a layer also gives the loss its Q-values at fp32 precision. Same parameters
+    arithmetic saved, while wide layers (256->256, the Nature CNN's 3136->512) are faster
+    in bf16 and keep it. Such a layer also gives the loss its Q-values at fp32 precision. Same parameters
     and state-dict names as ``nn.Linear``; without autocast, or on CUDA, it is ``nn.Linear``."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs):
