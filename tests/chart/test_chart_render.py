@@ -327,3 +327,33 @@ def test_values_yaml_documents_every_key_starting_with_its_own_name():
         if not block or not block[0].startswith(f"# {path} "):
             missing.append(path)
     assert not missing, f"undocumented values: {missing}"
+
+
+def test_the_charts_experiment_is_the_default_cartpole_agent_of_make_run(tmp_path):
+    """One default CartPole experiment: the chart deploys the agent `make run` trains
+    (configs/cartpole-dqn.yaml), apart from the settings a cluster owns."""
+    import dataclasses
+
+    from amprl.config import load_config
+
+    deployment_only = {"run", "replay.cache_max_bytes", "actor.num_actors"}
+
+    def flat(cfg) -> dict:
+        out = {}
+        for section in dataclasses.fields(cfg):
+            value = getattr(cfg, section.name)
+            if dataclasses.is_dataclass(value):
+                out.update({f"{section.name}.{f.name}": getattr(value, f.name)
+                            for f in dataclasses.fields(value)})
+            else:
+                out[section.name] = value
+        return {k: v for k, v in out.items()
+                if k not in deployment_only and k.split(".")[0] not in deployment_only}
+
+    chart_experiment = yaml.safe_load((CHART / "values.yaml").read_text())["experiment"]
+    chart_file = tmp_path / "chart-experiment.yaml"
+    chart_file.write_text(yaml.safe_dump(chart_experiment))
+    chart_cfg = flat(load_config(str(chart_file), []))
+    make_run_cfg = flat(load_config(str(CHART.parent.parent / "configs" / "cartpole-dqn.yaml"), []))
+    differ = {k: (chart_cfg[k], make_run_cfg[k]) for k in chart_cfg if chart_cfg[k] != make_run_cfg[k]}
+    assert not differ, differ
