@@ -92,10 +92,9 @@ import collections
 import logging
 import math
 import os
-import queue
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -107,6 +106,7 @@ from amprl.compression import ErrorFeedback
 from amprl.config import ExperimentConfig
 from amprl.envs.spec import EnvSpec
 from amprl.learner.algos import make_algo
+from amprl.learner.feed import ReplayFeed
 from amprl.learner.precision import Precision
 from amprl.paramserver.client import reply_weights
 from amprl.rl.models import build_model
@@ -136,7 +136,6 @@ class LearnerStats:
     """Mean Q(s, a) of the trained batches over the last logging window (DQN: the online
     network; TD3: critic 1). Far above r_max / (1 - gamma) means the Q-function diverged."""
     grad_norm: float = 0.0
-    priority_updates: int = 0
     pushes: int = 0
     """Pushes sent (each one optimizer step on the server once applied)."""
     push_calls: int = 0
@@ -157,8 +156,9 @@ class LearnerStats:
 
 
 class Learner:
-    """Owns the model replica, target networks, error-feedback residuals and the threads
-    that feed (prefetch), drain (priorities) and sync (weights) the update loop."""
+    """Owns the model replica, target networks, error-feedback residuals, the replay feed
+    (``feed``: prefetched batches in, priorities out) and the threads that sync weights with
+    the parameter server."""
 
     def __init__(self, cfg: ExperimentConfig, spec: EnvSpec, replay, paramserver,
                  learner_id: str = "learner-0", device: str | None = None):
@@ -180,8 +180,12 @@ class Learner:
         self.version = 0
         self._params = dict(self.model.named_parameters())
         self._stop = threading.Event()
-        self._batches: queue.Queue = queue.Queue(maxsize=self.lcfg.prefetch_batches)
-        self._priorities: queue.Queue = queue.Queue(maxsize=256)
+        self.on_replay: Callable[[bool], None] | None = None
+        """Called with False when replay stops answering, True when it answers again (the
+        learner's readiness: ``__main__`` sets its health)."""
+        self.feed = ReplayFeed(cfg, replay, self.algo.to_tensors, pin=self.device.type == "cuda",
+                               stop=self._stop, updates=lambda: self.stats.updates,
+                               on_reachable=lambda ok: self.on_replay and self.on_replay(ok))
         self.window = self.lcfg.max_pushes_in_flight or min(256, max(1, cfg.paramserver.max_staleness // 2))
         """Pushes in flight at most (see the rule in the module docstring)."""
         # local_replica: the server's optimizer rule stepping the replica's own weights, the
@@ -217,10 +221,6 @@ class Learner:
         self._acc_base = 0
         self._batches_pushed = 0
         self._threads = Supervisor("learner")
-        self.replay_reachable = True
-        self.on_replay: Callable[[bool], None] | None = None
-        """Called with False when replay stops answering, True when it answers again (the
-        learner's readiness: ``__main__`` sets its health)."""
         # learner.pin_update_thread: the CPUs the process may use (empty: no pinning); the
         # update thread gets the lowest, the other threads the rest
         self._allowed_cpus: set[int] = set()
@@ -236,81 +236,6 @@ class Learner:
         self._loss_n = 0
 
     # -- background threads -------------------------------------------------------------
-
-    def _beta(self) -> float:
-        r = self.cfg.replay
-        frac = min(1.0, self.stats.updates / max(1, r.beta_anneal_updates))
-        return r.beta_start + frac * (r.beta_end - r.beta_start)
-
-    def _prefetch_loop(self) -> None:
-        pin = self.device.type == "cuda"
-        per_call = self.lcfg.sample_batches_per_call
-        bs = self.lcfg.batch_size
-        while not self._stop.is_set():
-            try:
-                # One RPC for several batches: the per-call cost is shared, the draws are the
-                # same i.i.d. prioritized draws a call per batch would make.
-                sampled = self.replay.sample(bs * per_call, self._beta(), timeout=2.0)
-            except errors.DeadlineExceeded:
-                self._replay_reachable(True)
-                continue  # below min size or rate-limited: ask again
-            except errors.Unavailable as exc:
-                log.warning("replay unavailable: %s", exc)
-                self._replay_reachable(False)
-                self._stop.wait(0.5)
-                continue
-            except errors.InvalidArgument:
-                # the table is still smaller than several batches: ask for one
-                per_call = 1
-                continue
-            except errors.AmprlError as exc:  # e.g. RESOURCE_EXHAUSTED: retried, not fatal
-                log.warning("sample failed: %s", exc)
-                self._stop.wait(1.0)
-                continue
-            self._replay_reachable(True)
-            for part in sampled.split(bs) if per_call > 1 else [sampled]:
-                if self.cfg.replay.is_weight_normalization == "batch":
-                    # the table's normaliser is common to the whole draw, so this is exactly
-                    # (N * P(i))^-beta / max over the batch
-                    part = replace(part, weights=part.weights / part.weights.max())
-                batch = self.algo.to_tensors(part, pin=pin)
-                while not self._stop.is_set():
-                    try:
-                        self._batches.put(batch, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-            per_call = self.lcfg.sample_batches_per_call
-
-    def _replay_reachable(self, reachable: bool) -> None:
-        """Tells ``on_replay`` when replay stops or starts answering (readiness)."""
-        if reachable != self.replay_reachable:
-            self.replay_reachable = reachable
-            if self.on_replay is not None:
-                self.on_replay(reachable)
-
-    def _priority_loop(self) -> None:
-        last_sent = 0.0
-        while not self._stop.is_set() or not self._priorities.empty():
-            try:
-                items = [self._priorities.get(timeout=0.2)]
-            except queue.Empty:
-                continue
-            # at most one call per priority_flush_s: the batches trained meanwhile join it
-            self._stop.wait(max(0.0, last_sent + self.lcfg.priority_flush_s - time.monotonic()))
-            last_sent = time.monotonic()
-            while True:  # everything queued meanwhile goes in the same call
-                try:
-                    items.append(self._priorities.get_nowait())
-                except queue.Empty:
-                    break
-            keys = np.concatenate([k for k, _ in items])
-            prios = np.concatenate([p for _, p in items])
-            try:
-                self.replay.update_priorities(keys, prios)
-                self.stats.priority_updates += len(items)
-            except errors.AmprlError as exc:
-                log.warning("priority update failed: %s", exc)
 
     def _pin_threads(self, unpin: bool = False) -> None:
         """``learner.pin_update_thread``: the update thread on its CPU, every other thread of
@@ -371,8 +296,8 @@ class Learner:
         log.info("push window %d, up to %d batches per push, push deadline %.1f s (max_staleness %d)",
                  self.window, self.lcfg.max_batches_per_push, self.lcfg.push_timeout_s,
                  self.cfg.paramserver.max_staleness)
-        for target, name in ((self._prefetch_loop, "prefetch"), (self._priority_loop, "priorities"),
-                             (self._pull_loop, "pull")):
+        for target, name in ((self.feed.prefetch_loop, "prefetch"),
+                             (self.feed.priority_loop, "priorities"), (self._pull_loop, "pull")):
             self._threads.start(target, name)
 
     def stop(self) -> None:
@@ -706,14 +631,11 @@ class Learner:
         """One update from the prefetch queue; False if no batch arrived within timeout.
         Raises ThreadDied once a background thread has died (the process should end)."""
         self._threads.check()
-        try:
-            batch = self._batches.get_nowait()
-        except queue.Empty:
+        if not self.feed.ready():
             self._send_unsent()  # no batch ready: don't hold back steps made
-            try:
-                batch = self._batches.get(timeout=timeout)
-            except queue.Empty:
-                return False
+        batch = self.feed.get(timeout)
+        if batch is None:
+            return False
         self._swap_in_new_weights()
         return self.update(batch)
 
@@ -739,10 +661,7 @@ class Learner:
         if td_abs is not None:
             prios = td_abs.detach().float().cpu().numpy() + self.cfg.replay.priority_epsilon
             if np.isfinite(prios).all():
-                try:
-                    self._priorities.put_nowait((keys, prios))
-                except queue.Full:
-                    pass  # priorities are advisory; never stall the update for them
+                self.feed.send_priorities(keys, prios)
         if not finite:
             self.stats.skipped_nonfinite += 1
             return True
@@ -779,4 +698,8 @@ class Learner:
 
     @property
     def queue_size(self) -> int:
-        return self._batches.qsize()
+        return self.feed.batches.qsize()
+
+    @property
+    def replay_reachable(self) -> bool:
+        return self.feed.reachable

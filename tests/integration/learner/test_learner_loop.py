@@ -105,7 +105,7 @@ def test_non_finite_gradients_are_skipped_and_never_pushed(system):
     _run_updates(learner, 2)
     learner._drain_pushes(0)
     version = ps.info().version
-    batch, keys = learner._batches.get(timeout=30)
+    batch, keys = learner.feed.batches.get(timeout=30)
     batch.rewards[:] = float("nan")
     learner.update((batch, keys))
     learner._drain_pushes(0)
@@ -125,7 +125,7 @@ def test_fp16_overflow_backs_off_the_loss_scale_and_skips_the_step(system):
     learner._drain_pushes(0)
     version = ps.info().version
     skipped, scale = learner.stats.skipped_nonfinite, learner.precision.scale
-    batch, keys = learner._batches.get(timeout=30)
+    batch, keys = learner.feed.batches.get(timeout=30)
     batch.rewards[:] = 6e4
     learner.update((batch, keys))
     learner._drain_pushes(0)
@@ -248,7 +248,7 @@ def test_importance_weights_are_normalised_by_the_table_or_by_each_batch(system,
     replay.insert("test", [(chunk, prios, T)], timeout=30)  # keys 1000..1199; 0..999 have p = 1
     p = np.concatenate([np.ones(1000, np.float32), prios])
     learner.start()
-    batch, keys = learner._batches.get(timeout=30)
+    batch, keys = learner.feed.batches.get(timeout=30)
     learner.stop()
     w = batch.weights.numpy()
     a, beta = cfg.replay.alpha, cfg.replay.beta_start

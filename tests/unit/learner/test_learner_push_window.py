@@ -388,13 +388,13 @@ class _Replay:
 def test_a_prefetch_thread_that_died_stops_the_learner_instead_of_leaving_it_idle():
     learner, _ = _learner()
     # a full shard is retried (not fatal); a bug ends the learner with its cause
-    learner.replay = _Replay(errors.ResourceExhausted("256 Sample calls are already open"))
+    learner.feed.replay = _Replay(errors.ResourceExhausted("256 Sample calls are already open"))
     learner.start()
     try:
         with pytest.raises(ThreadDied, match="prefetch thread died: RuntimeError"):
             for _ in range(20):
                 learner.step(timeout=0.5)
-        assert learner.replay.calls == 2
+        assert learner.feed.replay.calls == 2
     finally:
         learner.stop()
 
@@ -403,7 +403,7 @@ def test_readiness_follows_replay_going_away_and_coming_back():
     learner, _ = _learner()
     seen = []
     learner.on_replay = seen.append
-    learner.replay = _Replay(errors.Unavailable("connection refused"),
+    learner.feed.replay = _Replay(errors.Unavailable("connection refused"),
                              errors.Unavailable("connection refused"),
                              errors.DeadlineExceeded("below min size"))
     learner.start()
