@@ -85,6 +85,16 @@ class RateLimiter:
     def max_diff(self) -> float:
         return self.samples_per_insert * self.min_size_to_sample + self.error_buffer
 
+    @property
+    def max_insert(self) -> int | None:
+        """The most transitions one insert should carry: the window the limiter keeps
+        between inserts and samples (``max_diff / samples_per_insert``), since an admitted
+        insert goes in whole and may overshoot the window by its own size; None when
+        inserts are not limited."""
+        if self.samples_per_insert == 0:
+            return None
+        return max(1, int(self.max_diff / self.samples_per_insert))
+
     def can_sample(self, size: int) -> bool:
         """Whether one more sample may start now (pending samples counted as drawn)."""
         if size < self.min_size_to_sample:

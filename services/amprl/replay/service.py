@@ -203,7 +203,10 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         # GROUP_MAX_AGE_S after it began (whether or not more chunks come), before a bad
         # chunk is reported, and at the end of the call, always before the response.
         table = self.table
-        max_transitions = max(1, min(GROUP_MAX_TRANSITIONS, table.capacity // 16))
+        # a group waiting for the rate limiter goes in whole once admitted: no larger than
+        # the limiter's window, so the ratio never overshoots by more than that
+        max_transitions = max(1, min(GROUP_MAX_TRANSITIONS, table.capacity // 16,
+                                     self.limiter.max_insert or GROUP_MAX_TRANSITIONS))
         stored_chunks = stored = duplicates = 0
         group: list = []
         group_seqs: list[int] = []

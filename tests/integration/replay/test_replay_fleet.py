@@ -93,8 +93,9 @@ def test_64_rate_limited_actors_and_idle_streams_never_starve_health_info_or_sam
             assert info1.inserted_total > info0.inserted_total
             assert info1.actors_live > 1
             # The ratio held: inserted - sampled stays within max_diff (r * m + b = 512) plus
-            # the one group admitted last (a few chunks here); letting every waiting stream
-            # through at once would overshoot by ~64 groups.
+            # the one group admitted last (a group holds at most max_diff / r = 512
+            # transitions, however many chunks a stream sent while it waited); letting every
+            # waiting stream through at once would overshoot by ~64 groups.
             assert info1.inserted_total - info1.sampled_total <= 512 + 1024
 
             # The idle streams end cleanly; the actors, still waiting on the limiter, go

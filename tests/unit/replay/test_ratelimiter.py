@@ -52,6 +52,13 @@ def test_default_error_buffer_is_min_size_times_ratio():
     assert limiter(spi=0.0, min_size=100, buffer=0.0).error_buffer == 1.0
 
 
+def test_one_insert_is_at_most_the_window_the_limiter_keeps():
+    # r * m + b = 1 * 256 + 256: an insert admitted whole overshoots by at most 512
+    assert limiter(spi=1.0, min_size=256, buffer=256.0).max_insert == 512
+    assert limiter(spi=32.0, min_size=1000, buffer=32000.0).max_insert == 2000
+    assert limiter(spi=0.0).max_insert is None  # not limited
+
+
 def test_wait_past_deadline_raises_deadline_exceeded():
     rl = limiter(min_size=10, size=[3])
 
