@@ -443,6 +443,8 @@ class FaultSystem:
         machine crash under appendfsync everysec); ``wipe``: it comes back empty (a
         control: persistence lost)."""
         aof = self.redis_dir / "appendonly.aof"
+        if cut_tail_s:  # a crash in the middle of traffic, not in a lull after a restart
+            self.wait_resumed(time.monotonic())
         # acknowledged (so appended) before the size is read: these must all survive the cut
         acked_at_cut = max(self.insert_acks(), default=0)
         size_before = aof.stat().st_size if cut_tail_s else 0
