@@ -31,7 +31,7 @@ services/amprl/v1/%_pb2.py: protos/amprl/v1/%.proto $(VENV)/.installed
 protos: $(GENERATED)
 
 test: install
-	$(VENV)/bin/ruff check services tests bench
+	$(VENV)/bin/ruff check services testing tests bench
 	$(PY) -m pytest -q
 
 test-fast: install

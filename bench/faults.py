@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import testing_path  # noqa: E402,F401  (amprl_testing on the path)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "faults"))
 from harness import FaultSystem  # noqa: E402
 

@@ -35,15 +35,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import testing_path  # noqa: F401  (amprl_testing on the path)
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
 from amprl.envs.factory import env_spec
 from amprl.launch.procs import start_service, stop_services, wait_for_port
 from amprl.learner.learner import Learner
-from amprl.netsim.netns import read_line
+from amprl_testing.netsim.netns import read_line
 from amprl.paramserver.client import ParameterClient
 from amprl.replay.client import ReplayClient
-from amprl.replay.testing import fill_replay
+from amprl_testing.replay import fill_replay
 
 ROOT = Path(__file__).resolve().parents[1]
 RTTS_MS = (0, 100, 300)
@@ -55,7 +56,7 @@ def start_relay(target_port: int, rtt_ms: float, log_path: Path | None = None
     way; returns (process, listening port). Its own process, so it does not share a GIL
     with whatever dials it."""
     err = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, "-m", "amprl.netsim.relay", "--listen", "127.0.0.1:0",
+    proc = subprocess.Popen([sys.executable, "-m", "amprl_testing.netsim.relay", "--listen", "127.0.0.1:0",
                              "--target", f"127.0.0.1:{target_port}", "--delay-ms", str(rtt_ms / 2),
                              "--log-level", "WARNING"],
                             stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
@@ -170,7 +171,7 @@ def main() -> int:
                  "max_staleness": cfg.paramserver.max_staleness,
                  "sync": cfg.learner.sync,
                  "max_staleness_accepted": max_staleness_accepted,
-                 "relay": "amprl.netsim.relay process on 127.0.0.1, RTT/2 each way (0 ms: same relay, no delay)",
+                 "relay": "amprl_testing.netsim.relay process on 127.0.0.1, RTT/2 each way (0 ms: same relay, no delay)",
                  "loadavg_1min_before_after": [round(load_before, 1), round(os.getloadavg()[0], 1)],
                  "cpus": os.cpu_count()}
     for rtt in RTTS_MS:

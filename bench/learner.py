@@ -66,6 +66,7 @@ import numpy as np
 import redis as redis_py
 import torch
 
+import testing_path  # noqa: F401  (amprl_testing on the path)
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
 from amprl.envs.factory import env_spec
@@ -74,7 +75,7 @@ from amprl.learner.algos import make_algo
 from amprl.learner.learner import Learner
 from amprl.paramserver.client import ParameterClient
 from amprl.replay.client import ReplayClient
-from amprl.replay.testing import fill_replay
+from amprl_testing.replay import fill_replay
 from amprl.rl.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -39,7 +39,7 @@ import redis as redis_py
 
 from amprl.common.redis_server import redis_server_binary
 from amprl.launch.procs import Service, start_service, wait_for_port
-from amprl.netsim.relay import DelayRelay
+from amprl_testing.netsim.relay import DelayRelay
 from amprl.replay.storage import ReplayStorage
 
 HERE = Path(__file__).resolve().parent

@@ -27,7 +27,7 @@ from amprl import errors
 from amprl.common.backoff import Backoff
 from amprl.envs.spec import EnvSpec
 from amprl.replay.client import ReplayClient
-from amprl.replay.testing import make_chunk
+from amprl_testing.replay import make_chunk
 
 T = 8  # transitions per chunk (at most 64: see the reward tag)
 TAG = 2.0 ** -24

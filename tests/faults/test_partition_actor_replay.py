@@ -31,7 +31,7 @@ CLIENT = textwrap.dedent("""
     from amprl import errors
     from amprl.common.backoff import Backoff
     from amprl.replay.client import ReplayClient
-    from amprl.replay.testing import make_chunk, vector_spec
+    from amprl_testing.replay import make_chunk, vector_spec
 
     address, ledger_path, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     T = int(sys.argv[4])
@@ -66,7 +66,7 @@ PROBE = textwrap.dedent("""
     from amprl.config import ReplayConfig
     from amprl.replay.storage import ReplayStorage
     from amprl.replay.table import ReplayTable
-    from amprl.replay.testing import vector_spec
+    from amprl_testing.replay import vector_spec
     storage = ReplayStorage.from_url(sys.argv[1])
     table = ReplayTable(storage, vector_spec(), ReplayConfig(capacity=1_000_000))
     rewards = table.get(np.arange(table.oldest_key, table.next_key))["rewards"]
@@ -87,7 +87,7 @@ def test_a_partition_between_an_actor_and_replay_loses_nothing_and_stores_nothin
     redis_url = f"redis://127.0.0.1:{REDIS_PORT}/0"
     replay = server.exec([py, "-m", "amprl.cli", "replay", "--spec-json", json.dumps(
         {"frame_shape": [4], "frame_dtype": "float32", "frame_stack": 1, "discrete": True,
-         "num_actions": 3})], env={  # amprl.replay.testing.vector_spec
+         "num_actions": 3})], env={  # amprl_testing.replay.vector_spec
         "AMPRL_HOST": server.address, "AMPRL_PORT": str(REPLAY_PORT), "AMPRL_REDIS_URL": redis_url,
         "AMPRL_SET": "replay.capacity=1000000;replay.min_size_to_sample=1;replay.keepalive_s=1"})
     server.wait_port(REPLAY_PORT, proc=replay)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from amprl.netsim.relay import DelayRelay, parse_address
+from amprl_testing.netsim.relay import DelayRelay, parse_address
 
 DELAY_MS = 40.0
 SLACK_MS = 60.0  # scheduling noise on a busy 2-core machine

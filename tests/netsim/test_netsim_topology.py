@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from amprl.netsim import netns
-from amprl.netsim.netns import Topology, list_netns, read_line, sweep_stale
-from amprl.netsim.pytest_plugin import require_netns
+from amprl_testing.netsim import netns
+from amprl_testing.netsim.netns import Topology, list_netns, read_line, sweep_stale
+from amprl_testing.netsim.pytest_plugin import require_netns
 
 pytestmark = pytest.mark.netns
 
@@ -171,7 +171,7 @@ def test_services_bind_namespace_addresses_not_localhost(netns_topology):
 
 
 def test_an_in_process_relay_can_live_in_a_namespace(netns_topology):
-    from amprl.netsim.relay import DelayRelay
+    from amprl_testing.netsim.relay import DelayRelay
 
     topo = netns_topology(["ps", "learner"])
     start_echo(topo["ps"])
@@ -234,7 +234,7 @@ def test_the_fixture_cleans_up_after_a_failing_test(tmp_path):
                            "tmpdir": str(topo.tmpdir)}}, f)
             raise AssertionError("deliberate failure")
     """))
-    inner = subprocess.run([PY, "-m", "pytest", "-q", "-p", "amprl.netsim.pytest_plugin",
+    inner = subprocess.run([PY, "-m", "pytest", "-q", "-p", "amprl_testing.netsim.pytest_plugin",
                             "-p", "no:cacheprovider", "test_inner.py"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert inner.returncode == 1, inner.stdout + inner.stderr

@@ -46,3 +46,16 @@ def test_a_service_uses_another_only_through_its_client():
                 elif parts[2:3] != ["client"]:
                     bad.append(f"{path.relative_to(PACKAGE)}:{line}: {name} (only {other}.client)")
     assert not bad, "\n".join(bad)
+
+
+def test_the_runtime_package_never_imports_the_test_support():
+    """``amprl_testing`` (testing/) is not installed with the package: nothing under
+    ``amprl`` may need it."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.relative_to(PACKAGE)}:{node.lineno}: {n}" for n in names
+                    if n.split(".")[0] == "amprl_testing"]
+    assert not bad, "\n".join(bad)

@@ -6,7 +6,7 @@ import pytest
 
 from amprl import errors
 from amprl.replay.client import insert_request
-from amprl.replay.testing import atari_spec, make_chunk, vector_spec
+from amprl_testing.replay import atari_spec, make_chunk, vector_spec
 from amprl.v1 import replay_pb2
 from amprl.wire.tensors import tensor_to_proto
 

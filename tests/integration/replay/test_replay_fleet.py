@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amprl import errors
 from amprl.replay.client import ReplayClient, insert_request
-from amprl.replay.testing import make_chunk, vector_spec
+from amprl_testing.replay import make_chunk, vector_spec
 from amprl.v1 import replay_pb2, replay_pb2_grpc
 
 ACTORS = 64
@@ -208,7 +208,7 @@ def test_a_waiting_insert_is_cancelled_at_once_when_its_caller_stops(replay):
 
 
 def test_chunks_waiting_on_the_limiter_are_bounded_in_bytes_not_by_the_fleet(replay):
-    from amprl.replay.testing import atari_spec
+    from amprl_testing.replay import atari_spec
     spec = atari_spec(16)
     streams = 20
     probe = make_chunk(spec, 16)

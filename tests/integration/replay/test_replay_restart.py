@@ -23,7 +23,7 @@ from amprl.envs.spec import EnvSpec
 from amprl.replay.client import ReplayClient
 from amprl.replay.storage import ReplayStorage
 from amprl.replay.table import ReplayTable
-from amprl.replay.testing import make_chunk, vector_spec
+from amprl_testing.replay import make_chunk, vector_spec
 
 SPEC = EnvSpec((16, 16), np.dtype(np.uint8), 4, True, num_actions=6)
 SPEC_JSON = json.dumps({"frame_shape": [16, 16], "frame_dtype": "uint8", "frame_stack": 4,

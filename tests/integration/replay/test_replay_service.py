@@ -10,7 +10,7 @@ from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import ExperimentConfig
 from amprl.errors import ConfigError
 from amprl.replay.service import create_server
-from amprl.replay.testing import atari_spec, make_chunk, vector_spec
+from amprl_testing.replay import atari_spec, make_chunk, vector_spec
 
 
 def items(spec, n_chunks, t, *, base=0, prio=1.0):

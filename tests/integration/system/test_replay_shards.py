@@ -12,7 +12,7 @@ from amprl.config import ExperimentConfig
 from amprl.replay import client as replay_client
 from amprl.replay.client import SHARD_KEY_BITS, ReplayClient, ShardedReplayClient, shard_for
 from amprl.replay.service import create_server
-from amprl.replay.testing import make_chunk, vector_spec
+from amprl_testing.replay import make_chunk, vector_spec
 
 
 @pytest.fixture

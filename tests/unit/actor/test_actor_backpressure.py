@@ -14,7 +14,7 @@ from amprl.actor.actor import Actor
 from amprl.common.supervise import ThreadDied
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
-from amprl.replay.testing import make_chunk
+from amprl_testing.replay import make_chunk
 
 
 class NoWeightsServer:

@@ -4,7 +4,7 @@ import pytest
 from amprl.config import ReplayConfig
 from amprl.errors import FailedPrecondition, InvalidArgument, Unavailable
 from amprl.replay.table import ReplayTable
-from amprl.replay.testing import atari_spec, make_chunk, vector_spec
+from amprl_testing.replay import atari_spec, make_chunk, vector_spec
 from amprl.rl.transitions import Chunk
 
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from amprl.envs.spec import EnvSpec
 from amprl.errors import InvalidArgument
-from amprl.replay.testing import atari_spec, make_chunk, vector_spec
+from amprl_testing.replay import atari_spec, make_chunk, vector_spec
 from amprl.rl.transitions import Chunk
 from amprl.v1 import replay_pb2
 from amprl.wire.tensors import tensor_to_proto

@@ -27,9 +27,9 @@ In-process (benchmarks, loopback tests)::
 
 ``DelayRelay(..., netns="name")`` runs the relay's thread inside a network namespace (the
 thread calls ``setns``), so its sockets live there. As a process (what
-``amprl.netsim.netns.Topology.delay`` starts inside a namespace)::
+``amprl_testing.netsim.netns.Topology.delay`` starts inside a namespace)::
 
-    python -m amprl.netsim.relay --listen 10.0.0.1:6000 --target 127.0.0.1:5000 --delay-ms 150
+    python -m amprl_testing.netsim.relay --listen 10.0.0.1:6000 --target 127.0.0.1:5000 --delay-ms 150
 
 The process prints one JSON line ``{"event": "listening", "host": ..., "port": ...}`` on
 stdout once it accepts connections, logs to stderr, and exits cleanly on SIGTERM/SIGINT.
@@ -373,7 +373,7 @@ class DelayRelay:
     def _run(self) -> None:
         try:
             if self.netns:
-                from amprl.netsim.netns import enter_netns
+                from amprl_testing.netsim.netns import enter_netns
                 enter_netns(self.netns)  # this thread only
             loop = asyncio.new_event_loop()
             self.loop = loop
@@ -485,7 +485,7 @@ class DelayRelay:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m amprl.netsim.relay",
+    p = argparse.ArgumentParser(prog="python -m amprl_testing.netsim.relay",
                                 description="TCP relay adding a fixed delay to each direction.")
     p.add_argument("--listen", required=True, help="host:port to accept on (port 0 = any)")
     p.add_argument("--target", required=True, help="host:port to forward each connection to")

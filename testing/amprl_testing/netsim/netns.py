@@ -541,7 +541,7 @@ class Topology:
         self._require_open()
         self[client]
         target = f"{server_address or self[server].address}:{port}"
-        argv = [sys.executable, "-m", "amprl.netsim.relay", "--listen",
+        argv = [sys.executable, "-m", "amprl_testing.netsim.relay", "--listen",
                 f"{self.switch.address}:0", "--target", target, "--delay-ms", str(delay_ms),
                 "--jitter-ms", str(jitter_ms)]
         if rate_mbit:

@@ -1,6 +1,6 @@
 """pytest fixtures for multi-host tests: services in separate network namespaces.
 
-Enabled by ``pytest_plugins = ["amprl.netsim.pytest_plugin"]`` in ``tests/conftest.py``.
+Enabled by ``pytest_plugins = ["amprl_testing.netsim.pytest_plugin"]`` in ``tests/conftest.py``.
 ``netns_topology`` is a factory; every topology it makes is torn down after the test,
 whether the test passed, failed or raised::
 
@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import pytest
 
-from amprl.netsim import netns
+from amprl_testing.netsim import netns
 
 _TOPOLOGIES = pytest.StashKey[list]()
 _support: list[str | None] = []  # cached check_supported() result, once per session

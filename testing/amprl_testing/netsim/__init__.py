@@ -7,11 +7,11 @@ __all__ = ["DelayRelay", "Host", "Topology"]
 
 
 def __getattr__(name: str):
-    # Lazy, so that `python -m amprl.netsim.relay` does not import the module twice.
+    # Lazy, so that `python -m amprl_testing.netsim.relay` does not import the module twice.
     if name == "DelayRelay":
-        from amprl.netsim.relay import DelayRelay
+        from amprl_testing.netsim.relay import DelayRelay
         return DelayRelay
     if name in ("Host", "Topology"):
-        from amprl.netsim import netns
+        from amprl_testing.netsim import netns
         return getattr(netns, name)
-    raise AttributeError(f"module 'amprl.netsim' has no attribute {name!r}")
+    raise AttributeError(f"module 'amprl_testing.netsim' has no attribute {name!r}")
