@@ -76,7 +76,11 @@ class EmbeddedRedis:
         if password:
             conf.append(f'requirepass "{password}"')
         self.conf_path = self.data_dir / "redis.conf"
-        self.conf_path.write_text("\n".join(conf) + "\n")
+        self.conf_path.unlink(missing_ok=True)
+        # owner-only: it holds the password
+        fd = os.open(self.conf_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(conf) + "\n")
         self.process = subprocess.Popen([redis_server_binary(), str(self.conf_path)],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import secrets
 import signal
 import sys
 import time
@@ -168,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.replay.redis_url:
             redis_url = cfg.replay.redis_url
         else:
-            redis = EmbeddedRedis(run_dir / "redis")
+            # a password of its own, so nothing else on the machine can read or write the
+            # run's replay; replay gets it in its environment, not on its command line
+            redis = EmbeddedRedis(run_dir / "redis", password=secrets.token_urlsafe(24))
             redis_url = redis.url
             set_nice(redis.pid, cfg.run.nice.redis)
         common = ["--config", str(config_file), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
@@ -178,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             services.append(svc)
             return svc
 
-        replay = start("replay", "amprl.replay", ["--redis-url", redis_url])
+        replay = start("replay", "amprl.replay", ["--redis-url", redis_url],
+                       env={"AMPRL_REDIS_PASSWORD": redis.password} if redis is not None else None)
         ps = start("paramserver", "amprl.paramserver")
         wait_for_port(replay)
         wait_for_port(ps)

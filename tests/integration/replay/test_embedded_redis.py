@@ -33,3 +33,12 @@ def test_embedded_redis_survives_its_own_sigkill_with_acknowledged_writes(tmp_pa
         server.stop()
     with EmbeddedRedis(tmp_path / "r") as again:
         assert redis.Redis.from_url(again.url).get("k") == b"1"
+
+
+def test_a_password_keeps_other_clients_out_and_stays_in_an_owner_only_file(tmp_path):
+    # what `amprl run` does: its embedded Redis has a random password
+    with EmbeddedRedis(tmp_path / "r", password="s3cret") as r:
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host=r.host, port=r.port).set("k", "v")
+        assert redis.Redis(host=r.host, port=r.port, password="s3cret").set("k", "v")
+        assert (r.conf_path.stat().st_mode & 0o777) == 0o600
