@@ -188,11 +188,11 @@ def nonfinite(tensors: Sequence[torch.Tensor]) -> list[int]:
     device sync.
 
     A fused L2 norm of each tensor comes first: a NaN or an infinity makes the norm NaN or
-    infinite, so a finite norm proves the tensor finite. The norm is one vectorised reduction, where
-    ``isfinite(t).all()`` writes a bool tensor and reduces it again, several times the
-    cost on a CPU. Only a tensor whose
-    norm is not finite -- a NaN or infinity, or finite values so large that the norm
-    overflows -- gets the exact elementwise check.
+    infinite, so a finite norm proves the tensor finite. The norm is one vectorised
+    reduction, where ``isfinite(t).all()`` writes a bool tensor and reduces it again,
+    several times the cost on a CPU. Only a tensor whose norm is not finite -- a NaN or
+    infinity, or finite values so large that the norm overflows -- gets the exact
+    elementwise check.
     """
     tensors = [t.detach() for t in tensors]
     if not tensors:
