@@ -110,6 +110,13 @@ class ReplayConfig:
     """Priority exponent: P(i) = p_i^alpha / sum_j p_j^alpha (Schaul et al. 2016)."""
     priority_epsilon: float = 1e-6
     """Added to |TD error|: p_i = |delta_i| + epsilon, so no transition becomes unsampleable."""
+    max_priority: float = 1.0e6
+    """Largest priority replay accepts, from actors' inserts and learners' updates
+    (|delta| + epsilon); a larger one is refused with INVALID_ARGUMENT, because one huge
+    priority would make nearly every draw sample its transition."""
+    max_abs_reward: float = 1.0e6
+    """Largest |reward| (an n-step return) a transition may carry; larger ones are refused
+    with INVALID_ARGUMENT (finite but absurd rewards would swamp the learner's targets)."""
     beta_start: float = 0.4
     """Importance-sampling exponent at the start of training."""
     beta_end: float = 1.0
@@ -426,6 +433,8 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "learner.steps_per_push": (lambda v: 1 <= v <= 64, "must be in [1, 64]"),
     "learner.priority_flush_s": (lambda v: 0 <= v <= 5, "must be in [0, 5] seconds"),
     "learner.onebit_block_size": (lambda v: v >= 1, "must be >= 1"),
+    "replay.max_priority": (lambda v: v > 0, "must be > 0"),
+    "replay.max_abs_reward": (lambda v: v > 0, "must be > 0"),
     "paramserver.lr": (lambda v: v > 0, "must be > 0"),
     "paramserver.lr_final": (lambda v: v < 0 or v > 0, "must be > 0 (or negative: no schedule)"),
     "paramserver.lr_decay_versions": (lambda v: v >= 0, "must be >= 0 (0 = constant lr)"),

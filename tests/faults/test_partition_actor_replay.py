@@ -89,7 +89,8 @@ def test_a_partition_between_an_actor_and_replay_loses_nothing_and_stores_nothin
         {"frame_shape": [4], "frame_dtype": "float32", "frame_stack": 1, "discrete": True,
          "num_actions": 3})], env={  # amprl_testing.replay.vector_spec
         "AMPRL_HOST": server.address, "AMPRL_PORT": str(REPLAY_PORT), "AMPRL_REDIS_URL": redis_url,
-        "AMPRL_SET": "replay.capacity=1000000;replay.min_size_to_sample=1;replay.keepalive_s=1"})
+        "AMPRL_SET": "replay.capacity=1000000;replay.min_size_to_sample=1;replay.keepalive_s=1;"
+                     "replay.max_abs_reward=1e12"})
     server.wait_port(REPLAY_PORT, proc=replay)
     ledger = tmp_path / "ledger.txt"
     client = actor.exec([py, "-c", CLIENT, f"{server.address}:{REPLAY_PORT}", str(ledger), "30",

@@ -345,7 +345,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             check_chunks_values([c for c, _, _ in group], self.spec)
         except InvalidChunk as exc:
             bad = (exc.index, errors.InvalidArgument(str(exc)))
-        bad_p = self.table.check_priorities([p for _, p, _ in group])
+        bad_p = self.table.check_values([(c, p) for c, p, _ in group])
         if bad_p is not None and (bad is None or bad_p[0] < bad[0]):
             bad = bad_p
         return bad

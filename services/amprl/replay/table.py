@@ -145,7 +145,8 @@ def merge_chunks(chunks: list[Chunk]) -> Chunk:
                  discounts=np.concatenate([c.discounts for c in chunks]))
 
 
-def _validate_priorities(priorities: np.ndarray, n: int, name: str) -> np.ndarray:
+def _validate_priorities(priorities: np.ndarray, n: int, name: str,
+                         max_priority: float = float("inf")) -> np.ndarray:
     p = np.asarray(priorities)
     if p.dtype != np.float32:
         raise InvalidArgument(f"{name}: dtype {p.dtype}, expected float32")
@@ -156,6 +157,9 @@ def _validate_priorities(priorities: np.ndarray, n: int, name: str) -> np.ndarra
     if n and p.min() <= 0:
         raise InvalidArgument(f"{name}: priority {float(p.min())!r} <= 0; priorities must be "
                               f"|delta| + epsilon > 0")
+    if n and p.max() > max_priority:
+        raise InvalidArgument(f"{name}: priority {float(p.max()):g} above replay.max_priority "
+                              f"({max_priority:g}); one such priority would dominate sampling")
     return p
 
 
@@ -168,6 +172,8 @@ class ReplayTable:
         self.spec = spec
         self.capacity = int(cfg.capacity)
         self.alpha = float(cfg.alpha)
+        self.max_priority = float(cfg.max_priority)
+        self.max_abs_reward = float(cfg.max_abs_reward)
         self.compression = resolve_compression(cfg.compression, spec)
         if self.compression not in ("lz4", "none"):
             raise InvalidArgument(f"replay.compression: {cfg.compression!r} is not one of auto, none, lz4")
@@ -396,32 +402,46 @@ class ReplayTable:
     def check_chunk(self, chunk: Chunk, priorities: np.ndarray, name: str = "chunk", *,
                     values: bool = True) -> np.ndarray:
         """Checks what the EnvSpec cannot: priorities (their values unless ``values`` is
-        False; see ``check_priorities``), and sizes against this table."""
+        False; see ``check_values``), rewards, and sizes against this table."""
         t = len(chunk)
         p = np.asarray(priorities)
         if p.dtype != np.float32 or p.shape != (t,):
             _validate_priorities(p, t, "priorities")  # raises naming dtype or shape
         if values:
-            _validate_priorities(p, t, "priorities")
+            _validate_priorities(p, t, "priorities", self.max_priority)
+            self._check_rewards(chunk.rewards, f"{name}.rewards")
         if t > self.capacity:
             raise InvalidArgument(f"{name}: {t} transitions exceed the table capacity {self.capacity}")
         return p
 
-    @staticmethod
-    def check_priorities(priorities: list[np.ndarray]) -> tuple[int, InvalidArgument] | None:
-        """Validates many chunks' priorities at once; returns (index of the first bad
-        chunk, its error) or None."""
+    def _check_rewards(self, rewards: np.ndarray, name: str) -> None:
+        if rewards.size and float(np.abs(rewards).max()) > self.max_abs_reward:
+            raise InvalidArgument(f"{name}: |reward| {float(np.abs(rewards).max()):g} above "
+                                  f"replay.max_abs_reward ({self.max_abs_reward:g})")
+
+    def check_values(self, items: list[tuple[Chunk, np.ndarray]]) -> tuple[int, InvalidArgument] | None:
+        """Validates many chunks' priorities and rewards against this table's bounds at
+        once; returns (index of the first bad chunk, its error) or None."""
+        def check(chunk: Chunk, p: np.ndarray) -> None:
+            _validate_priorities(p, p.shape[0], "priorities", self.max_priority)
+            self._check_rewards(chunk.rewards, "chunk.rewards")
+
         try:
-            joined = priorities[0] if len(priorities) == 1 else np.concatenate(priorities)
-            _validate_priorities(joined, joined.shape[0], "priorities")
+            if len(items) == 1:
+                check(*items[0])
+            else:
+                _validate_priorities(np.concatenate([p for _, p in items]),
+                                     sum(p.shape[0] for _, p in items), "priorities",
+                                     self.max_priority)
+                self._check_rewards(np.concatenate([c.rewards for c, _ in items]), "chunk.rewards")
             return None
-        except InvalidArgument:
-            for i, p in enumerate(priorities):
+        except InvalidArgument as first:
+            for i, (chunk, p) in enumerate(items):
                 try:
-                    _validate_priorities(p, p.shape[0], "priorities")
+                    check(chunk, p)
                 except InvalidArgument as exc:
                     return i, exc
-            raise
+            return 0, first
 
     def insert(self, chunk: Chunk, priorities: np.ndarray, env_steps: int = 0) -> int:
         """Stores a validated chunk (see ``amprl.wire.transitions``) with its priorities.
@@ -467,7 +487,8 @@ class ReplayTable:
         prios = [self.check_chunk(c, p, values=False) for c, p, _ in items]
         chunk = merge_chunks([c for c, _, _ in items])
         priorities = prios[0] if len(prios) == 1 else np.concatenate(prios)
-        _validate_priorities(priorities, len(chunk), "priorities")
+        _validate_priorities(priorities, len(chunk), "priorities", self.max_priority)
+        self._check_rewards(chunk.rewards, "chunk.rewards")
         env_steps = sum(int(e) for _, _, e in items)
         t = len(chunk)
         if t > self.capacity:
@@ -663,7 +684,7 @@ class ReplayTable:
         keys = np.asarray(keys)
         if keys.dtype != np.int64 or keys.ndim != 1:
             raise InvalidArgument(f"keys: dtype {keys.dtype} shape {list(keys.shape)}, expected int64 [K]")
-        priorities = _validate_priorities(priorities, keys.shape[0], "priorities")
+        priorities = _validate_priorities(priorities, keys.shape[0], "priorities", self.max_priority)
         if keys.size == 0:
             return 0, 0
         with self.lock:

@@ -42,6 +42,11 @@ INSERT_CASES = {
     "negative priority": (lambda r: tensor_to_proto(np.r_[np.ones(T - 1), -1].astype(np.float32), r.priorities), "<= 0"),
     "float64 priorities": (lambda r: tensor_to_proto(np.ones(T, np.float64), r.priorities), "priorities: dtype"),
     "NaN reward": (lambda r: tensor_to_proto(np.full(T, np.nan, np.float32), r.chunk.rewards), "chunk.rewards"),
+    # finite but beyond the configured bounds (replay.max_abs_reward, replay.max_priority: 1e6)
+    "absurd reward": (lambda r: tensor_to_proto(np.r_[np.ones(T - 1), -1e20].astype(np.float32), r.chunk.rewards),
+                      r"\|reward\| 1e\+20 above replay.max_abs_reward"),
+    "absurd priority": (lambda r: tensor_to_proto(np.r_[np.ones(T - 1), 3e38].astype(np.float32), r.priorities),
+                        "above replay.max_priority"),
 }
 
 
@@ -92,6 +97,7 @@ def test_message_over_the_size_limit_is_resource_exhausted(replay):
     ([0, 1], [1.0, np.nan], "NaN"),
     ([0, 1], [1.0, -2.0], "<= 0"),
     ([0, 1], [np.inf, 1.0], "infinite"),
+    ([0, 1], [1.0, 1e30], "above replay.max_priority"),
 ])
 def test_bad_priority_update_is_invalid_argument_and_changes_nothing(replay, keys, prios, message):
     r = replay(vector_spec(), capacity=1000)
