@@ -64,13 +64,13 @@ class DQNConfig:
     clipped_double: bool = False
     """With double: bootstrap from the lower of the target and online nets' values of the
     chosen action (clipped double Q, Fujimoto et al. 2018), against over-estimation. Not in
-    the CartPole config: it learnt faster but diverged no less (docs/tuning.md, "The low
+    the CartPole config: it learnt faster but diverged no less (docs/experiments/2026-12-tuning-diary.md, "The low
     endings that are left")."""
     bootstrap_max: float | None = None
     """Cap on the bootstrap value Q(s', a*) in the learner's targets: a bound no return can
     exceed, r_max / (1 - gamma) for rewards at most r_max (CartPole, rewards 1 at gamma
     0.995: 200). null = no cap. Not in the CartPole config: it removed the over-estimation
-    there but not the low endings that came with it (docs/tuning.md, "The low endings that
+    there but not the low endings that came with it (docs/experiments/2026-12-tuning-diary.md, "The low endings that
     are left")."""
     huber_delta: float = 1.0
     """Huber loss threshold on the TD error."""
@@ -244,7 +244,7 @@ class LearnerConfig:
     ones) to the others. For a learner with at least 2 dedicated cores, or on a host where
     ``taskset`` keeps the other processes off that CPU: on a shared pair of cores, at equal
     priority, the update thread otherwise spends ~1 ms of a ~6 ms MLP update runnable but
-    waiting for a core that a service process or a helper thread took (docs/tuning.md;
+    waiting for a core that a service process or a helper thread took (docs/experiments/2026-12-tuning-diary.md;
     ``run.nice``'s default priorities bring that to ~0.13 ms without pinning). Needs 2 or
     more allowed CPUs."""
     overlap_targets: bool = False
@@ -344,7 +344,7 @@ class NiceConfig:
     costs them nothing, while every millisecond the update thread waits for a core is a
     millisecond of lost updates. On 2 shared cores, equal priorities had the update thread
     wait ~0.4-0.5 ms per MLP update for a core a service held; with the services at nice
-    19, ~0.13 ms (nice 10: ~0.24 ms; docs/tuning.md, "Who gets the core first"). Lower than
+    19, ~0.13 ms (nice 10: ~0.24 ms; docs/experiments/2026-12-tuning-diary.md, "Who gets the core first"). Lower than
     0 needs CAP_SYS_NICE, so the others are raised instead. Ignored on Kubernetes, where
     each pod's CPU requests and limits rank them."""
 
