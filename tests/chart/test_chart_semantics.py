@@ -229,3 +229,19 @@ def test_the_policy_model_follows_kubernetes_semantics():
         "podSelector": {"matchLabels": {"role": "a"}}, "policyTypes": ["Egress"],
         "egress": [{"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"role": "b"}}}]}]}})
     assert cluster.allowed(a, b, 8080)
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_amprl_container_logs_json_lines_for_the_collector(rendered, value_set):
+    docs, _ = rendered[value_set]
+    checked = 0
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        container = doc["spec"]["template"]["spec"]["containers"][0]
+        if container["name"] == "redis":
+            continue
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env.get("AMPRL_LOG_FORMAT") == "json", doc["metadata"]["name"]
+        checked += 1
+    assert checked >= 5

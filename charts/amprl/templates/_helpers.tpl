@@ -150,6 +150,8 @@ checksum/experiment: {{ toYaml .Values.experiment | sha256sum }}
   value: {{ .port | quote }}
 - name: AMPRL_LOG_LEVEL
   value: {{ .ctx.Values.logLevel | quote }}
+- name: AMPRL_LOG_FORMAT
+  value: {{ .ctx.Values.logFormat | quote }}
 {{- if .drain }}
 - name: AMPRL_DRAIN_S
   value: {{ .ctx.Values.drainSeconds | quote }}

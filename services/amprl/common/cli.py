@@ -16,6 +16,7 @@ environment (a flag wins over its variable):
   --id NAME            AMPRL_ID / HOSTNAME       identity (actor id; the pod name on k8s)
   --run-dir DIR        AMPRL_RUN_DIR             run folder (checkpoints, logs, eval history)
   --port-file PATH                               write the bound port here once serving
+  --log-format F       AMPRL_LOG_FORMAT          text (default) or json: one object per line
   --drain-s S          AMPRL_DRAIN_S             servers: NOT_SERVING for S seconds after
                                                  SIGTERM, then stop (default 0)
                        AMPRL_TLS_CERT_DIR        TLS on every server and client (see
@@ -25,6 +26,8 @@ environment (a flag wins over its variable):
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import logging
 import os
 import signal
@@ -57,6 +60,8 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=env("AMPRL_RUN_DIR", ""))
     p.add_argument("--port-file", default="", help="write the bound port to this file")
     p.add_argument("--log-level", default=env("AMPRL_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-format", choices=("text", "json"), default=env("AMPRL_LOG_FORMAT", "text"),
+                   help="text lines, or one JSON object per line (for log collectors)")
     p.add_argument("--drain-s", type=float, default=float(env("AMPRL_DRAIN_S") or 0),
                    help="servers: seconds of NOT_SERVING after SIGTERM before stopping")
     return p
@@ -90,11 +95,36 @@ def replay_addresses(value: str) -> list[str]:
     return [a.strip() for a in value.split(",") if a.strip()]
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (ISO 8601, UTC), service, level, logger, message, and
+    the traceback as ``exception`` when there is one."""
+
+    def __init__(self, service: str):
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+               .isoformat(timespec="milliseconds"),
+               "service": self.service, "level": record.levelname, "logger": record.name,
+               "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
 def setup(args: argparse.Namespace, name: str) -> ExperimentConfig:
-    """Logging + the validated config of a service process."""
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
-    return load_config(args.config, args.overrides)
+    """Logging (``--log-format``: text or JSON lines) + the validated config of a service
+    process; a bad config is logged and ends the process with status 2."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(name) if args.log_format == "json" else logging.Formatter(
+        f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    try:
+        return load_config(args.config, args.overrides)
+    except ConfigError as exc:  # a log line naming the key (JSON too), not a traceback
+        logging.getLogger(f"amprl.{name}").error("config error: %s", exc)
+        raise SystemExit(2) from None
 
 
 def write_port_file(path: str, port: int) -> None:
