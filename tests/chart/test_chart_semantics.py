@@ -113,16 +113,21 @@ def test_each_client_address_resolves_to_a_service_port_of_the_right_component(r
     assert checked >= len(wanted)
 
 
-@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
-def test_every_server_listens_on_the_port_its_service_and_probes_name(rendered, value_set):
-    docs, _ = rendered[value_set]
+def amprl_containers(docs):
+    """(workload, its AMP-RL container, that container's env) for every Deployment and
+    StatefulSet except Redis."""
     for doc in docs:
         if doc["kind"] not in ("Deployment", "StatefulSet"):
             continue
         container = doc["spec"]["template"]["spec"]["containers"][0]
-        if container["name"] == "redis":
-            continue
-        env = {e["name"]: e.get("value") for e in container["env"]}
+        if container["name"] != "redis":
+            yield doc, container, {e["name"]: e.get("value") for e in container["env"]}
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_server_listens_on_the_port_its_service_and_probes_name(rendered, value_set):
+    docs, _ = rendered[value_set]
+    for doc, container, env in amprl_containers(docs):
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert int(env["AMPRL_PORT"]) == ports["grpc"], doc["metadata"]["name"]
         if container["name"] == "paramserver":
@@ -234,14 +239,7 @@ def test_the_policy_model_follows_kubernetes_semantics():
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 def test_every_amprl_container_logs_json_lines_for_the_collector(rendered, value_set):
     docs, _ = rendered[value_set]
-    checked = 0
-    for doc in docs:
-        if doc["kind"] not in ("Deployment", "StatefulSet"):
-            continue
-        container = doc["spec"]["template"]["spec"]["containers"][0]
-        if container["name"] == "redis":
-            continue
-        env = {e["name"]: e.get("value") for e in container["env"]}
+    workloads = list(amprl_containers(docs))
+    assert len(workloads) >= 5
+    for doc, _, env in workloads:
         assert env.get("AMPRL_LOG_FORMAT") == "json", doc["metadata"]["name"]
-        checked += 1
-    assert checked >= 5
