@@ -134,22 +134,33 @@ def test_sigkill_mid_insert_loses_nothing_acknowledged(tmp_path, embedded_redis)
         th.join(10)
 
 
-@pytest.mark.timeout(60)
-def test_entry_point_starts_embedded_redis_and_stops_on_sigterm(tmp_path):
-    port_file = tmp_path / "port"
-    proc = subprocess.Popen([sys.executable, "-m", "amprl.replay", "--host", "127.0.0.1",
-                             "--port-file", str(port_file), "--run-dir", str(tmp_path),
-                             "--set", "replay.min_size_to_sample=1"],
+def start_replay_process(tmp_path, *args: str) -> subprocess.Popen:
+    """``python -m amprl.replay`` with its own embedded Redis under ``tmp_path``."""
+    return subprocess.Popen([sys.executable, "-m", "amprl.replay", "--host", "127.0.0.1",
+                             "--port-file", str(tmp_path / "port"), "--run-dir", str(tmp_path),
+                             *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
+
+
+def wait_for_replay_process(proc: subprocess.Popen, tmp_path) -> str:
+    """The address of a replay started by ``start_replay_process``, once it serves."""
+    port_file = tmp_path / "port"
+    deadline = time.monotonic() + 45
+    while not port_file.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    address = f"127.0.0.1:{port_file.read_text()}"
+    wait_until_serving(address)
+    return address
+
+
+@pytest.mark.timeout(60)
+def test_entry_point_starts_embedded_redis_and_stops_on_sigterm(tmp_path):
+    proc = start_replay_process(tmp_path, "--set", "replay.min_size_to_sample=1")
     pid_file = tmp_path / "redis" / "redis-server.pid"
     try:
-        deadline = time.monotonic() + 45
-        while not port_file.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        address = f"127.0.0.1:{port_file.read_text()}"
-        wait_until_serving(address)
+        address = wait_for_replay_process(proc, tmp_path)
         with ReplayClient(address) as client:  # CartPole-v1 from the default config
             chunk = make_chunk(EnvSpec((4,), np.dtype(np.float32), 1, True, num_actions=2), 5)
             assert client.insert("a", [(chunk, np.ones(5, np.float32), 5)]).size == 5
@@ -260,20 +271,10 @@ def test_health_is_not_serving_while_redis_is_down_and_serving_once_it_is_back(t
 
 @pytest.mark.timeout(60)
 def test_sigterm_drains_not_serving_then_stops(tmp_path):
-    port_file = tmp_path / "port"
-    proc = subprocess.Popen([sys.executable, "-m", "amprl.replay", "--host", "127.0.0.1",
-                             "--port-file", str(port_file), "--run-dir", str(tmp_path),
-                             "--drain-s", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = start_replay_process(tmp_path, "--drain-s", "2")
     pid_file = tmp_path / "redis" / "redis-server.pid"
     try:
-        deadline = time.monotonic() + 45
-        while not port_file.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        address = f"127.0.0.1:{port_file.read_text()}"
-        wait_until_serving(address)
+        address = wait_for_replay_process(proc, tmp_path)
         with grpc.insecure_channel(address) as ch:
             health = health_pb2_grpc.HealthStub(ch)
             os.kill(proc.pid, signal.SIGTERM)
