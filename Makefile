@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PROTOS := $(wildcard protos/amprl/v1/*.proto)
-GENERATED := $(patsubst protos/amprl/v1/%.proto,services/amprl/v1/%_pb2.py,$(PROTOS))
+GENERATED := $(patsubst protos/amprl/v1/%.proto,src/amprl/v1/%_pb2.py,$(PROTOS))
 
 .PHONY: install protos test test-fast bench run chart-check clean
 
@@ -24,14 +24,14 @@ install: $(VENV)/.installed $(CHECKOV)
 
 # Generated code is committed (so `pip install` needs no protoc) and rebuilt here;
 # tests/unit/test_protos_fresh.py fails when it is stale.
-services/amprl/v1/%_pb2.py: protos/amprl/v1/%.proto $(VENV)/.installed
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -Iprotos --python_out=services --grpc_python_out=services \
-	  --mypy_out=services --mypy_grpc_out=services $<
+src/amprl/v1/%_pb2.py: protos/amprl/v1/%.proto $(VENV)/.installed
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -Iprotos --python_out=src --grpc_python_out=src \
+	  --mypy_out=src --mypy_grpc_out=src $<
 
 protos: $(GENERATED)
 
 test: install
-	$(VENV)/bin/ruff check services testing tests bench
+	$(VENV)/bin/ruff check src testing tests bench
 	$(PY) -m pytest -q
 
 test-fast: install

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from amprl.compression import (DEFAULT_BLOCK_SIZE, DEFAULT_MIN_ELEMENTS,  # noqa: E402
                                ErrorFeedback, decode, encode)

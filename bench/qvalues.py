@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "services"))
+sys.path.insert(0, str(ROOT / "src"))
 
 from amprl.config import load_config  # noqa: E402
 from amprl.envs.factory import env_spec, make_env  # noqa: E402

@@ -1,4 +1,4 @@
-"""The generated code in services/amprl/v1 is what `make protos` produces from protos/ now."""
+"""The generated code in src/amprl/v1 is what `make protos` produces from protos/ now."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ def test_generated_code_is_not_stale(tmp_path):
                     f"--mypy_out={tmp_path}", f"--mypy_grpc_out={tmp_path}", *map(str, protos)],
                    check=True, env=env, capture_output=True)
     generated = sorted(p.name for p in (tmp_path / "amprl/v1").iterdir())
-    committed = sorted(p.name for p in (ROOT / "services/amprl/v1").iterdir()
+    committed = sorted(p.name for p in (ROOT / "src/amprl/v1").iterdir()
                        if p.name != "__init__.py" and p.suffix in (".py", ".pyi"))
     assert generated == committed
     stale = [name for name in generated
-             if (tmp_path / "amprl/v1" / name).read_bytes() != (ROOT / "services/amprl/v1" / name).read_bytes()]
+             if (tmp_path / "amprl/v1" / name).read_bytes() != (ROOT / "src/amprl/v1" / name).read_bytes()]
     assert not stale, f"stale generated code (run `make protos`): {stale}"
 
 
