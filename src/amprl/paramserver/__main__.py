@@ -36,7 +36,7 @@ from amprl.config import ExperimentConfig
 from amprl.paramserver.checkpoint import CheckpointManager, PeriodicCheckpointer
 from amprl.paramserver.follower import create_follower
 from amprl.paramserver.service import build_store, create_server
-from amprl.paramserver.store import DEFAULT_LIVE_WINDOW_S
+from amprl.paramserver.weights import DEFAULT_LIVE_WINDOW_S
 
 log = logging.getLogger("amprl.paramserver")
 

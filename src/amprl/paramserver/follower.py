@@ -38,7 +38,7 @@ from amprl.common.backoff import Backoff
 from amprl.paramserver.client import ParameterClient, VersionWatch
 from amprl.paramserver.service import (DEFAULT_MAX_WATCHERS, DEFAULT_MAX_WORKERS, ParameterServer,
                                        create_pull_only_server)
-from amprl.paramserver.store import DEFAULT_LIVE_WINDOW_S, VersionedWeights
+from amprl.paramserver.weights import DEFAULT_LIVE_WINDOW_S, VersionedWeights
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """The gRPC boundary of the parameter server: ParameterService over a ParameterStore.
 
-Translates messages (``amprl.compression`` decodes and encodes tensors) and errors (via
-``map_errors``); the staleness rule and the optimizer live in ``store``.
+Translates messages (``messages`` converts requests and replies, ``amprl.compression``
+encodes tensors) and errors (via ``map_errors``); the staleness rule and the optimizer live
+in ``store``.
 
 Weights are encoded and serialized once per (version, encoding) and the same bytes go to
 every puller: the service is registered with ``add_to_server``, whose serializer passes
@@ -24,28 +25,22 @@ import threading
 from typing import Iterator, NamedTuple
 
 import grpc
-import torch
-from google.protobuf import message as message_types
 from torch import nn
 
 from amprl.common import grpcutil
-from amprl.compression import decode, encode, payload_bytes
+from amprl.compression import encode
 from amprl.config import ExperimentConfig
 from amprl.errors import ConfigError, InvalidArgument, ResourceExhausted
-from amprl.paramserver.store import (ParameterStore, Snapshot, Step, VersionedWeights,
-                                     build_store, in_step)
+from amprl.paramserver.messages import (PULL_ENCODINGS, WEIGHTS_FIELD, pull_encoding, pull_replies,
+                                        push_id, push_parts, push_reply, push_steps,
+                                        push_wire_bytes, serialized, with_tensors)
+from amprl.paramserver.store import ParameterStore, build_store
+from amprl.paramserver.weights import Snapshot, VersionedWeights
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = paramserver_pb2.DESCRIPTOR.services_by_name["ParameterService"].full_name
-
-# Weights are served in these encodings (1-bit is for gradients, which carry error feedback).
-_PULL_ENCODINGS = {
-    tensor_pb2.ENCODING_FP32: "fp32",
-    tensor_pb2.ENCODING_BF16: "bf16",
-    tensor_pb2.ENCODING_FP16: "fp16",
-}
 
 # Room left in each pull message for the response's own fields and per-tensor framing.
 _CHUNK_MARGIN_BYTES = 16 * 1024
@@ -58,28 +53,6 @@ DEFAULT_MAX_WATCHERS = 224
 """Open watch streams allowed at once; beyond it WatchParameters answers
 RESOURCE_EXHAUSTED (the client then polls with PullParameters), so pushes and pulls always
 keep DEFAULT_MAX_WORKERS - DEFAULT_MAX_WATCHERS threads."""
-
-_PARAMETERS_FIELD = paramserver_pb2.PullParametersResponse.DESCRIPTOR.fields_by_name["parameters"].number
-_WEIGHTS_FIELD = paramserver_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["weights"].number
-
-
-def _with_tensors(head: message_types.Message, field: int, tensors: list[bytes]) -> bytes:
-    """``head`` serialized, followed by ``tensors`` (serialized CompressedTensors) as the
-    repeated message field ``field``: what serializing ``head`` with those tensors in that
-    field gives, without serializing the tensors again. In protobuf's wire format a
-    repeated message field is one (tag, varint length, bytes) record per element, and
-    records may come in any order."""
-    assert field < 16  # a one-byte tag
-    parts = [head.SerializeToString()]
-    for tensor in tensors:
-        prefix = bytearray([field << 3 | 2])  # wire type 2: length-delimited
-        n = len(tensor)
-        while n > 0x7F:
-            prefix.append(n & 0x7F | 0x80)
-            n >>= 7
-        prefix.append(n)
-        parts += (prefix, tensor)
-    return b"".join(parts)
 
 
 class _Encoded(NamedTuple):
@@ -116,7 +89,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         self.watch_poll_s = watch_poll_s
         self._lock = threading.Lock()
         self._cache: dict[int, _Encoded] = {}
-        self._encode_locks = {enc: threading.Lock() for enc in _PULL_ENCODINGS}
+        self._encode_locks = {enc: threading.Lock() for enc in PULL_ENCODINGS}
         self._watchers = 0
         self._closing = threading.Event()
 
@@ -127,55 +100,22 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
 
     # -- PushGradients -------------------------------------------------------------------
 
-    def _decode_step(self, msgs) -> dict[str, torch.Tensor]:
-        """The gradients of one step, by name; InvalidArgument for a duplicate or unknown
-        name or a wrong shape (NaN/Inf are found by the store's validation, one check for
-        the whole push)."""
-        store = self.store
-        grads: dict[str, torch.Tensor] = {}
-        for msg in msgs:
-            name = msg.name
-            if name in grads:
-                raise InvalidArgument(f"{name}: appears twice in one push")
-            expected = store.shapes.get(name)
-            if expected is None:
-                raise InvalidArgument(f"{name or '<unnamed>'}: not a parameter of the model")
-            if tuple(msg.shape) != expected:
-                raise InvalidArgument(f"{name}: gradient shape {list(msg.shape)} differs from "
-                                      f"the parameter's {list(expected)}")
-            grads[name] = decode(msg, device=store.device, finite=False)
-        return grads
-
     @grpcutil.map_errors
     def PushGradients(self, request: paramserver_pb2.PushGradientsRequest,
                       context) -> paramserver_pb2.PushGradientsResponse | bytes:
         store = self.store
-        parts = [(request.gradients, request.batch_size)] + [
-            (step.gradients, step.batch_size) for step in request.more_steps]
-        steps = []
+        parts = push_parts(request)
         try:
-            for i, (msgs, batch_size) in enumerate(parts):
-                try:
-                    grads = self._decode_step(msgs)
-                except InvalidArgument as exc:
-                    raise in_step(exc, i, len(parts)) from None
-                steps.append(Step(grads, {msg.name for msg in msgs if msg.preconditioned},
-                                  batch_size))
+            steps = push_steps(parts, store.shapes, store.device)
         except InvalidArgument:
             store.note_invalid_push()
             raise
         result = store.apply_steps(request.base_version, steps, learner_id=request.learner_id,
-                                   wire_bytes=sum(payload_bytes(msgs) for msgs, _ in parts),
+                                   wire_bytes=push_wire_bytes(parts),
                                    snapshot=request.return_weights,
                                    caller_gone=lambda: not context.is_active(),
-                                   push_id=((request.learner_id, request.learner_incarnation,
-                                             request.sequence) if request.sequence else None))
-        reply = paramserver_pb2.PushGradientsResponse(
-            version=result.version,
-            disposition=(paramserver_pb2.PUSH_DISPOSITION_SCALED if result.scaled
-                         else paramserver_pb2.PUSH_DISPOSITION_APPLIED),
-            staleness=result.staleness, scale=result.scale, incarnation=store.incarnation,
-            repeat=result.repeat)
+                                   push_id=push_id(request))
+        reply = push_reply(result, store.incarnation)
         if result.weights is not None:
             # the fp32 tensors a pull of this version serves (and now finds cached); sent
             # back only when they fit one message, else the caller pulls them in chunks
@@ -184,7 +124,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
                                                    store.incarnation))
             if len(encoded.replies) == 1:
                 store.count_pull(unchanged=False)
-                return _with_tensors(reply, _WEIGHTS_FIELD, tensors)
+                return with_tensors(reply, WEIGHTS_FIELD, tensors)
         return reply
 
     # -- PullParameters ------------------------------------------------------------------
@@ -210,21 +150,9 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
     def _encode_snapshot(self, encoding: int, snap: Snapshot) -> tuple[_Encoded, list[bytes]]:
         """Encodes and serializes ``snap`` once: (its pull replies, now cached unless a newer
         revision already is; each tensor's serialized CompressedTensor, in order)."""
-        name = _PULL_ENCODINGS[encoding]
+        name = PULL_ENCODINGS[encoding]
         tensors = [encode(pname, t, name).SerializeToString() for pname, t in snap.weights.items()]
-        replies: list[bytes] = []
-        chunk: list[bytes] = []
-        size = 0
-        for tensor in tensors:
-            n = len(tensor) + 8  # + tag and length prefix of the repeated field
-            if chunk and size + n > self.chunk_bytes:
-                replies.append(_with_tensors(paramserver_pb2.PullParametersResponse(
-                    version=snap.version, incarnation=snap.incarnation), _PARAMETERS_FIELD, chunk))
-                chunk, size = [], 0
-            chunk.append(tensor)
-            size += n
-        replies.append(_with_tensors(paramserver_pb2.PullParametersResponse(
-            version=snap.version, incarnation=snap.incarnation, last=True), _PARAMETERS_FIELD, chunk))
+        replies = pull_replies(snap.version, snap.incarnation, tensors, self.chunk_bytes)
         encoded = _Encoded(snap.revision, snap.version, replies)
         with self._lock:
             old = self._cache.get(encoding)
@@ -235,10 +163,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
     @grpcutil.map_errors
     def PullParameters(self, request: paramserver_pb2.PullParametersRequest,
                        context) -> Iterator[paramserver_pb2.PullParametersResponse | bytes]:
-        encoding = request.encoding or tensor_pb2.ENCODING_FP32
-        if encoding not in _PULL_ENCODINGS:
-            raise InvalidArgument(f"encoding {tensor_pb2.Encoding.Name(encoding) if encoding in tensor_pb2.Encoding.values() else encoding}: "
-                                  f"weights are served in ENCODING_FP32, ENCODING_BF16 or ENCODING_FP16")
+        encoding = pull_encoding(request)
         self.store.note_client(request.client_id)
         version, incarnation = self.store.version, self.store.incarnation
         # have_version 0 = "none"; a have_incarnation of another life makes the number moot
@@ -342,12 +267,6 @@ class PullOnlyServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         return self.inner.Info(request, context)
 
 
-def _serialized(reply: message_types.Message | bytes) -> bytes:
-    """A reply as sent: bytes as they are (serialized once, for every caller), a message
-    serialized now."""
-    return reply if isinstance(reply, bytes) else reply.SerializeToString()
-
-
 def add_to_server(servicer: paramserver_pb2_grpc.ParameterServiceServicer, server: grpc.Server) -> None:
     """Registers ``servicer`` as ParameterService on ``server``: the generated
     ``add_ParameterServiceServicer_to_server`` except that PushGradients and PullParameters
@@ -357,10 +276,10 @@ def add_to_server(servicer: paramserver_pb2_grpc.ParameterServiceServicer, serve
     handlers = {
         "PushGradients": grpc.unary_unary_rpc_method_handler(
             servicer.PushGradients, request_deserializer=pb.PushGradientsRequest.FromString,
-            response_serializer=_serialized),
+            response_serializer=serialized),
         "PullParameters": grpc.unary_stream_rpc_method_handler(
             servicer.PullParameters, request_deserializer=pb.PullParametersRequest.FromString,
-            response_serializer=_serialized),
+            response_serializer=serialized),
         "WatchParameters": grpc.unary_stream_rpc_method_handler(
             servicer.WatchParameters, request_deserializer=pb.WatchParametersRequest.FromString,
             response_serializer=pb.WatchParametersResponse.SerializeToString),

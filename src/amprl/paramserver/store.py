@@ -1,9 +1,10 @@
 """The parameter store: master weights, their optimizer, a version, and the staleness rule.
 
 The store knows nothing of gRPC; ``amprl.paramserver.service`` adapts it. What serving
-weights needs (the weights, their version, who reads them) is ``VersionedWeights``; a
-pull-only follower (``amprl.paramserver.follower``) holds only that, and
-``ParameterStore`` adds the optimizer and the staleness rule on top.
+weights needs (the weights, their version, who reads them) is
+``amprl.paramserver.weights.VersionedWeights``; a pull-only follower
+(``amprl.paramserver.follower``) holds only that, and ``ParameterStore`` adds the optimizer
+and the staleness rule on top (the checks, ``admission``; the resends, ``ledger``).
 
 Staleness rule (asynchronous SGD with bounded delay, as in Ho et al. 2013 "SSP" and the
 Ape-X/IMPALA learners): every applied gradient advances ``version`` by one. A learner
@@ -39,30 +40,25 @@ store is touched: a bad push changes nothing but the ``pushes_rejected_invalid``
 
 from __future__ import annotations
 
-import collections
-import copy
 import dataclasses
-import secrets
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, NamedTuple, Self
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import torch
 from torch import nn
 
-from amprl.compression import nonfinite
-from amprl.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from amprl.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from amprl.paramserver.admission import admit, in_step, validate_gradients
+from amprl.paramserver.ledger import PushLedger
+from amprl.paramserver.weights import DEFAULT_LIVE_WINDOW_S, VersionedWeights
 from amprl.rl.optimizer import OptimizerRule
 
-MAX_REMEMBERED_PUSHES = 4096
-MAX_LEARNERS_COUNTED = 64  # Info's steps_applied_by_learner: a few learners, a bounded map
-"""Outcomes of numbered pushes kept to answer resends (the oldest forgotten beyond it)."""
-_IN_PROGRESS = object()  # a numbered push being applied
+MAX_LEARNERS_COUNTED = 64
+"""Info's steps_applied_by_learner counts a few learners: a bounded map."""
 
-DEFAULT_LIVE_WINDOW_S = 60.0
 DEFAULT_REORDER_WAIT_S = 1.0
-"""A client counts as live in Info if it called within this many seconds (or is watching)."""
+"""How long a push whose base version is ahead of the store's waits for it to catch up."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +71,6 @@ class Step:
     """Names whose gradients the sender already divided by its second moment."""
     batch_size: int = 0
     """Transitions in the batch the step was computed on (counted in Info)."""
-
-
-def in_step(exc: InvalidArgument, i: int, steps: int) -> InvalidArgument:
-    """``exc`` naming step ``i`` of a multi-step push ("step 2 of 3: ..."); as is for a
-    one-step push."""
-    return exc if steps == 1 else InvalidArgument(f"step {i} of {steps}: {exc}")
 
 
 @dataclass(frozen=True)
@@ -103,214 +93,6 @@ class ApplyResult:
     """A resend of a push applied before: its first outcome, nothing applied now."""
 
 
-class Snapshot(NamedTuple):
-    """A consistent copy of the weights (``VersionedWeights.snapshot``)."""
-
-    version: int
-    weights: dict[str, torch.Tensor]
-    """Copies, by name, in serving order."""
-    revision: int
-    """``VersionedWeights.revision`` of these weights."""
-    incarnation: int = 0
-    """``VersionedWeights.incarnation`` of these weights."""
-
-
-def new_incarnation() -> int:
-    """A random non-zero 63-bit number: one server life's name (see ``incarnation``)."""
-    return secrets.randbelow(2**63 - 1) + 1
-
-
-@dataclass
-class Counters:
-    """Cumulative counts reported by Info (since this process started)."""
-
-    pushes_applied: int = 0
-    pushes_scaled: int = 0
-    pushes_rejected_stale: int = 0
-    pushes_rejected_invalid: int = 0
-    pushes_abandoned: int = 0
-    """Pushes not applied because their caller had gone (deadline passed, cancelled)."""
-    pushes_repeated: int = 0
-    """Resends of numbered pushes answered with their first outcome."""
-    steps_applied_by_learner: collections.OrderedDict = field(default_factory=collections.OrderedDict)
-    """Learner id -> optimizer steps applied from its pushes (the most recent last)."""
-    max_staleness_accepted: int = 0
-    staleness_sum: int = 0
-    """Sum of the staleness of accepted pushes (its mean is logged at shutdown)."""
-    pulls_with_weights: int = 0
-    pulls_unchanged: int = 0
-    gradient_bytes_received: int = 0
-    transitions_trained: int = 0
-
-
-@dataclass
-class _Clients:
-    last_seen: dict[str, float] = field(default_factory=dict)
-    learners_seen: dict[str, float] = field(default_factory=dict)
-    watching: dict[str, int] = field(default_factory=dict)
-
-
-class VersionedWeights:
-    """Weights, their version, and the clients reading them; thread-safe.
-
-    What a server of weights needs, and all a pull-only follower holds: ``replace`` is its
-    only write. ``revision`` counts every change of the weights, including one that keeps
-    the version number (a follower adopting the weights of a main server that restarted
-    without a checkpoint), so a cache keyed on it never serves stale bytes.
-    """
-
-    def __init__(self, params: Mapping[str, torch.Tensor], *,
-                 live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu"):
-        if not params:
-            raise InvalidArgument("a parameter store needs at least one parameter")
-        self.device = torch.device(device)
-        self.params: dict[str, nn.Parameter] = {
-            name: nn.Parameter(t.detach().to(self.device, torch.float32).clone())
-            for name, t in params.items()}
-        self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
-        self.live_window_s = float(live_window_s)
-        self.version = 0
-        self.revision = 0
-        self.incarnation = new_incarnation()
-        """Names this life of the weights: drawn at start, so a server that resumed from an
-        older checkpoint (its versions counted again from a lower number) is told apart by
-        every client; a follower takes its main server's."""
-        self.checkpoint_version = 0
-        self.counters = Counters()
-        self._clients = _Clients()
-        self._lock = threading.Lock()
-        # Notified on every version change (and on close) so watchers wake at once.
-        self.changed = threading.Condition(self._lock)
-        self.closed = False
-
-    @classmethod
-    def from_model(cls, model: nn.Module, **kwargs) -> Self:
-        return cls(dict(model.named_parameters()), **kwargs)
-
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.params.values())
-
-    # -- weights -----------------------------------------------------------------------
-
-    def snapshot(self) -> Snapshot:
-        """(version, a consistent copy of the weights in serving order, revision)."""
-        with self._lock:
-            return Snapshot(self.version, {n: p.detach().clone() for n, p in self.params.items()},
-                            self.revision, self.incarnation)
-
-    def replace(self, version: int, weights: Mapping[str, torch.Tensor],
-                incarnation: int | None = None) -> None:
-        """Takes ``weights`` (every parameter, by name) as those of ``version`` (and
-        ``incarnation``, when given): how a follower adopts what it pulled. The version may
-        go down (the main server resumed from an older checkpoint). InvalidArgument when
-        the names or shapes differ from this store's; nothing changes then."""
-        if set(weights) != set(self.params):
-            missing = sorted(set(self.params) - set(weights))
-            unknown = sorted(set(weights) - set(self.params))
-            raise InvalidArgument(f"weights do not match the model: missing {missing[:4]}, "
-                                  f"unknown {unknown[:4]}")
-        for name, t in weights.items():
-            if tuple(t.shape) != self.shapes[name]:
-                raise InvalidArgument(f"{name}: shape {list(t.shape)} differs from the "
-                                      f"model's {list(self.shapes[name])}")
-        with self._lock, torch.no_grad():
-            for name, p in self.params.items():
-                p.copy_(weights[name])
-            self.version = int(version)
-            if incarnation:
-                self.incarnation = int(incarnation)
-            self.revision += 1
-            self.changed.notify_all()
-
-    def count_pull(self, *, unchanged: bool) -> None:
-        with self._lock:
-            if unchanged:
-                self.counters.pulls_unchanged += 1
-            else:
-                self.counters.pulls_with_weights += 1
-
-    def wait_for_version(self, have_version: int, timeout: float | None) -> int:
-        """Blocks until the version differs from ``have_version`` (or timeout/close)."""
-        with self._lock:
-            if self.version == have_version and not self.closed:
-                self.changed.wait(timeout)
-            return self.version
-
-    def close(self) -> None:
-        """Wakes every waiter for good (server shutdown)."""
-        with self._lock:
-            self.closed = True
-            self.changed.notify_all()
-
-    # -- clients and Info ----------------------------------------------------------------
-
-    def note_client(self, client_id: str) -> None:
-        if client_id:
-            with self._lock:
-                self._clients.last_seen[client_id] = time.monotonic()
-
-    def watch_started(self, client_id: str) -> None:
-        with self._lock:
-            self._clients.watching[client_id] = self._clients.watching.get(client_id, 0) + 1
-            if client_id:
-                self._clients.last_seen[client_id] = time.monotonic()
-
-    def watch_ended(self, client_id: str) -> None:
-        with self._lock:
-            left = self._clients.watching.get(client_id, 0) - 1
-            if left > 0:
-                self._clients.watching[client_id] = left
-            else:
-                self._clients.watching.pop(client_id, None)
-            if client_id:
-                self._clients.last_seen[client_id] = time.monotonic()
-
-    def live_clients(self) -> tuple[int, int, int]:
-        """(clients_live, actors_live, learners_live) within the live window."""
-        now = time.monotonic()
-        horizon = now - self.live_window_s
-        with self._lock:
-            for d in (self._clients.last_seen, self._clients.learners_seen):
-                for k in [k for k, t in d.items() if t < horizon]:
-                    del d[k]  # forget ids that left, so the maps stay small
-            live = set(self._clients.last_seen) | {k for k in self._clients.watching if k}
-            learners = len(self._clients.learners_seen)
-        return len(live), sum(1 for c in live if c.startswith("actor")), learners
-
-    def info(self) -> dict:
-        """Everything ParameterServiceInfoResponse reports, as a dict of its field names."""
-        clients, actors, learners = self.live_clients()
-        with self._lock:
-            c = copy.copy(self.counters)
-            by_learner = dict(c.steps_applied_by_learner)
-            version, ckpt = self.version, self.checkpoint_version
-        return {
-            "version": version,
-            "pushes_applied": c.pushes_applied,
-            "pushes_scaled": c.pushes_scaled,
-            "pushes_rejected_stale": c.pushes_rejected_stale,
-            "pushes_rejected_invalid": c.pushes_rejected_invalid,
-            "pushes_abandoned": c.pushes_abandoned,
-            "pushes_repeated": c.pushes_repeated,
-            "steps_applied_by_learner": by_learner,
-            "max_staleness": c.max_staleness_accepted,
-            "pulls_with_weights": c.pulls_with_weights,
-            "pulls_unchanged": c.pulls_unchanged,
-            "gradient_bytes_received": c.gradient_bytes_received,
-            "checkpoint_version": ckpt,
-            "clients_live": clients,
-            "actors_live": actors,
-            "learners_live": learners,
-            "live_window_seconds": self.live_window_s,
-            "num_tensors": len(self.params),
-            "num_parameters": self.num_parameters,
-            "transitions_trained": c.transitions_trained,
-            "incarnation": self.incarnation,
-        }
-
-
-
 class ParameterStore(VersionedWeights):
     """Master fp32 weights + Adam + version counter; thread-safe.
 
@@ -327,8 +109,7 @@ class ParameterStore(VersionedWeights):
         if max_staleness < 0:
             raise InvalidArgument(f"max_staleness ({max_staleness}) must be >= 0")
         super().__init__(params, live_window_s=live_window_s, device=device)
-        # push id -> ApplyResult or the error it got, the oldest first (MAX_REMEMBERED_PUSHES)
-        self._outcomes: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+        self._ledger = PushLedger(self.changed, lambda: self.closed)
         self.rule = OptimizerRule(self.params, lr=lr, adam_eps=adam_eps, lr_final=lr_final,
                                   lr_decay_versions=lr_decay_versions, betas=betas)
         self.max_staleness = int(max_staleness)
@@ -339,24 +120,7 @@ class ParameterStore(VersionedWeights):
 
     def validate(self, grads: Mapping[str, torch.Tensor]) -> None:
         """Raises InvalidArgument naming the first bad tensor; touches nothing."""
-        if not grads:
-            raise InvalidArgument("the push holds no gradients")
-        for name, g in grads.items():
-            if name not in self.shapes:
-                known = ", ".join(list(self.shapes)[:8])
-                raise InvalidArgument(f"{name}: not a parameter of the model (known: {known}"
-                                      f"{', ...' if len(self.shapes) > 8 else ''})")
-            if not isinstance(g, torch.Tensor) or not g.is_floating_point():
-                raise InvalidArgument(f"{name}: gradient must be a floating-point tensor, got "
-                                      f"{getattr(g, 'dtype', type(g).__name__)}")
-            if tuple(g.shape) != self.shapes[name]:
-                raise InvalidArgument(f"{name}: gradient shape {list(g.shape)} differs from the "
-                                      f"parameter's {list(self.shapes[name])}")
-        names = list(grads)
-        bad = [names[i] for i in nonfinite(list(grads.values()))]
-        if bad:
-            raise InvalidArgument(f"{bad[0]}: gradient contains NaN or infinite values"
-                                  + (f" (also {', '.join(bad[1:4])})" if len(bad) > 1 else ""))
+        validate_gradients(grads, self.shapes)
 
     def apply(self, base_version: int, grads: Mapping[str, torch.Tensor], *,
               learner_id: str = "", batch_size: int = 0, wire_bytes: int = 0,
@@ -394,16 +158,7 @@ class ParameterStore(VersionedWeights):
         repeat of one already answered gets the first outcome (``repeat``; the same error
         for a refused one) and changes nothing."""
         if push_id is not None:
-            with self._lock:
-                # a resend racing its first try waits for that try's outcome
-                self.changed.wait_for(lambda: self._outcomes.get(push_id) is not _IN_PROGRESS
-                                      or self.closed, timeout=self.reorder_wait_s * 5)
-                first = self._outcomes.get(push_id)
-                if first is _IN_PROGRESS:
-                    raise Unavailable(f"push {push_id[2]} of {push_id[0]} is still being applied "
-                                      f"(its first try); retry for its outcome")
-                if first is None:
-                    self._outcomes[push_id] = _IN_PROGRESS
+            first = self._ledger.claim(push_id, self.reorder_wait_s * 5)
             if first is not None:
                 with self._lock:
                     self.counters.pushes_repeated += 1
@@ -420,21 +175,9 @@ class ParameterStore(VersionedWeights):
             outcome = exc
             raise
         finally:
-            self._settle(push_id, outcome)
+            if push_id is not None:
+                self._ledger.settle(push_id, outcome)
         return result
-
-    def _settle(self, push_id: tuple | None, outcome) -> None:
-        """Records a numbered push's outcome (None: not decided, a resend may be applied)."""
-        if push_id is None:
-            return
-        with self._lock:
-            if outcome is None:
-                self._outcomes.pop(push_id, None)
-            else:
-                self._outcomes[push_id] = outcome
-            while len(self._outcomes) > MAX_REMEMBERED_PUSHES:
-                self._outcomes.popitem(last=False)
-            self.changed.notify_all()
 
     def _apply_steps(self, base_version: int, steps: list[Step], *, learner_id: str,
                      wire_bytes: int, snapshot: bool, trusted: bool,
@@ -464,19 +207,12 @@ class ParameterStore(VersionedWeights):
                 self.counters.pushes_abandoned += 1
                 raise DeadlineExceeded(f"push on version {base_version}: its caller went away "
                                        f"before it was applied (not applied)")
-            staleness = self.version - int(base_version)
-            if staleness < 0 or staleness > self.max_staleness:
+            try:
+                staleness, scale = admit(base_version, self.version, self.max_staleness,
+                                         self.staleness_scaling)
+            except FailedPrecondition:
                 self.counters.pushes_rejected_stale += 1
-                if staleness < 0:
-                    raise FailedPrecondition(
-                        f"base_version {base_version} is ahead of the server's version "
-                        f"{self.version} (the server restarted from a checkpoint?); pull the "
-                        f"current weights and retry", current_version=self.version)
-                raise FailedPrecondition(
-                    f"gradient too stale: computed on version {base_version}, server is at "
-                    f"{self.version} (staleness {staleness} > max_staleness "
-                    f"{self.max_staleness}); pull the current weights", current_version=self.version)
-            scale = 1.0 / (1.0 + staleness) if self.staleness_scaling else 1.0
+                raise
             scaled = scale != 1.0
             for step in steps:
                 self._step(step, scale)

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from amprl.errors import FailedPrecondition, InvalidArgument
-from amprl.paramserver.store import ParameterStore, Step, VersionedWeights
+from amprl.paramserver.store import ParameterStore, Step
+from amprl.paramserver.weights import VersionedWeights
 
 
 def tiny_model(seed: int = 0) -> nn.Module:
