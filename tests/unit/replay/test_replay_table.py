@@ -267,7 +267,7 @@ def test_reconcile_marks_chunks_redis_lost_under_a_running_table(storage):
 
 
 def test_numbered_chunks_are_stored_once_and_a_lost_one_is_taken_again(storage):
-    from amprl.replay.table import Sender
+    from amprl.replay.insert import Sender
     t = table(storage)
     batch = [(make_chunk(t.spec, 5, seed=i), np.ones(5, np.float32), 5) for i in range(3)]
     assert t.insert_many(batch, Sender("a", 9, [1, 2, 3])).chunks == 3
