@@ -30,9 +30,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from amprl.compression import (DEFAULT_BLOCK_SIZE, DEFAULT_MIN_ELEMENTS,  # noqa: E402
-                               ErrorFeedback, decode, encode)
+from amprl.compression import DEFAULT_BLOCK_SIZE, DEFAULT_MIN_ELEMENTS  # noqa: E402
 from amprl.v1 import paramserver_pb2  # noqa: E402
+from amprl.wire.compressed import ErrorFeedback, decode, encode  # noqa: E402
 
 
 class DuelingHead(nn.Module):

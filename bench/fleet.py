@@ -282,7 +282,7 @@ def push_prefix(config_path: str, encoding: str, batch_size: int) -> bytes:
     no base_version: each push appends its own (the last occurrence of a field wins)."""
     import torch
 
-    from amprl.compression import ErrorFeedback
+    from amprl.wire.compressed import ErrorFeedback
     from amprl.envs.factory import env_spec
     from amprl.rl.models import build_model
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from amprl.compression import ErrorFeedback
+from amprl.wire.compressed import ErrorFeedback
 from amprl.config import dump_config, load_config
 from amprl.envs.factory import env_spec
 from amprl.launch.procs import start_service, stop_services, wait_for_port

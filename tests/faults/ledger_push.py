@@ -31,7 +31,7 @@ import torch
 
 from amprl import errors
 from amprl.paramserver.client import ParameterClient
-from amprl.compression import encode
+from amprl.wire.compressed import encode
 
 LEARNER_ID = "learner-ledger"
 

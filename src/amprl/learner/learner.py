@@ -102,7 +102,7 @@ import torch
 
 from amprl import errors
 from amprl.common.supervise import Supervisor
-from amprl.compression import ErrorFeedback
+from amprl.wire.compressed import ErrorFeedback
 from amprl.config import ExperimentConfig
 from amprl.envs.spec import EnvSpec
 from amprl.learner.algos import make_algo

@@ -32,7 +32,7 @@ import torch
 from amprl import errors
 from amprl.common import grpcutil
 from amprl.common.backoff import Backoff
-from amprl.compression import decode, encoding_value
+from amprl.wire.compressed import decode, encoding_value
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
 DEFAULT_TIMEOUT_S = 30.0

@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 from google.protobuf import message as message_types
 
-from amprl.compression import decode, payload_bytes
 from amprl.errors import InvalidArgument
 from amprl.paramserver.admission import in_step
 from amprl.paramserver.store import ApplyResult, Step
 from amprl.v1 import paramserver_pb2, tensor_pb2
+from amprl.wire.compressed import decode, payload_bytes
 
 PULL_ENCODINGS = {
     tensor_pb2.ENCODING_FP32: "fp32",

@@ -1,6 +1,6 @@
 """The gRPC boundary of the parameter server: ParameterService over a ParameterStore.
 
-Translates messages (``messages`` converts requests and replies, ``amprl.compression``
+Translates messages (``messages`` converts requests and replies, ``amprl.wire.compressed``
 encodes tensors) and errors (via ``map_errors``); the staleness rule and the optimizer live
 in ``store``.
 
@@ -28,7 +28,7 @@ import grpc
 from torch import nn
 
 from amprl.common import grpcutil
-from amprl.compression import encode
+from amprl.wire.compressed import encode
 from amprl.config import ExperimentConfig
 from amprl.errors import ConfigError, InvalidArgument, ResourceExhausted
 from amprl.paramserver.messages import (PULL_ENCODINGS, WEIGHTS_FIELD, pull_encoding, pull_replies,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from amprl.common.redis_server import EmbeddedRedis
-from amprl.compression import ErrorFeedback
+from amprl.wire.compressed import ErrorFeedback
 from amprl.config import dump_config, load_config
 from amprl.envs.factory import env_spec
 from amprl.launch.procs import start_service, stop_services, wait_for_port

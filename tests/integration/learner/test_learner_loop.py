@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from amprl.common.redis_server import EmbeddedRedis
-from amprl.compression import encode
+from amprl.wire.compressed import encode
 from amprl.config import load_config
 from amprl.errors import ConfigError
 from amprl.envs.factory import env_spec

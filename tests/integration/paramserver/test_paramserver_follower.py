@@ -20,7 +20,7 @@ from torch import nn
 
 from amprl import errors
 from amprl.common import grpcutil
-from amprl.compression import encode
+from amprl.wire.compressed import encode
 from amprl.config import config_from_dict
 from amprl.paramserver import __main__ as ps_main
 from amprl.paramserver import service

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from amprl.common.grpcutil import wait_until_serving
-from amprl.compression import encode
+from amprl.wire.compressed import encode
 from amprl.paramserver.checkpoint import CheckpointManager
 from amprl.paramserver.client import ParameterClient
 from amprl.paramserver.store import ParameterStore

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from amprl import errors
-from amprl.compression import ErrorFeedback, decode, encode
+from amprl.wire.compressed import ErrorFeedback, decode, encode
 from amprl.config import config_from_dict
 from amprl.paramserver.client import ParameterClient, load_into, reply_weights
 from amprl.paramserver.service import create_server

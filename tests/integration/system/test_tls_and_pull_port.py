@@ -11,7 +11,7 @@ from torch import nn
 
 from amprl import errors
 from amprl.common import grpcutil
-from amprl.compression import encode
+from amprl.wire.compressed import encode
 from amprl.config import ExperimentConfig
 from amprl.paramserver.client import ParameterClient
 from amprl.paramserver.service import create_server

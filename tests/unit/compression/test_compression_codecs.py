@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from amprl.compression import ErrorFeedback, decode, encode
+from amprl.wire.compressed import ErrorFeedback, decode, encode
 from amprl.compression.codecs import block_scales, pack_signs, unpack_signs
 from amprl.errors import InvalidArgument
 from amprl.v1 import tensor_pb2

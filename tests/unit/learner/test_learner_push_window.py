@@ -12,7 +12,7 @@ import torch
 
 from amprl import errors
 from amprl.common.supervise import ThreadDied
-from amprl.compression import decode, encode
+from amprl.wire.compressed import decode, encode
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
 from amprl.learner.learner import LOG_WINDOW, Learner
