@@ -45,6 +45,7 @@ bench: install
 	$(PY) bench/cartpole.py --seeds 3
 
 chart-check: install
+	$(PY) -m amprl.config.schema charts/amprl/values.schema.json
 	$(PY) -m pytest -q tests/chart
 
 run: install

@@ -10,7 +10,7 @@ removed at the end, or with ``--keep-runs DIR`` to DIR/seed<N> (to look at a see
 low afterwards, e.g. ``python bench/qvalues.py DIR/seed0``).
 
 Besides the medians, the line holds what a sweep over many seeds compares (e.g. ``--first-seed
-36 --seeds 70 --set dqn.bootstrap_max=200``, bench/results/cartpole-gamma-sweep.json):
+36 --seeds 70 --set dqn.tau=0.02``, bench/results/cartpole-gamma-sweep.json):
 ``finals_at_target`` (seeds whose final evaluation reached the target), ``never_solved``,
 ``late_evals_below_target`` (evaluations in the second half of the run under the
 target, and how many there were: a policy that solves and then slides shows here) and each

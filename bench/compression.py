@@ -131,7 +131,7 @@ def main(argv=None) -> None:
     p.add_argument("--min-elements", type=int, default=DEFAULT_MIN_ELEMENTS)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (the learner's default learner.torch_threads is 1)")
+                   help="torch CPU threads (the learner's default deploy.learner_torch_threads is 1)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

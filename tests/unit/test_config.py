@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 from amprl.config import config_to_dict, load_config
+from amprl.config.schema import experiment_schema
 from amprl.errors import ConfigError
 
 
@@ -25,11 +27,11 @@ def test_float_overrides_take_exponent_notation(text, expected):
 def test_exponent_notation_in_a_yaml_file_and_for_integers_and_optional_numbers(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("paramserver:\n  lr: 3e-4\n  lr_final: 1E-5\nrun:\n  total_env_steps: 1e6\n")
-    cfg = load_config(path, ["dqn.bootstrap_max=2e2"])
+    cfg = load_config(path, ["replay.max_priority=2e2"])
     assert cfg.paramserver.lr == pytest.approx(3e-4)
     assert cfg.paramserver.lr_final == pytest.approx(1e-5)
     assert cfg.run.total_env_steps == 1_000_000 and isinstance(cfg.run.total_env_steps, int)
-    assert cfg.dqn.bootstrap_max == pytest.approx(200.0)
+    assert cfg.replay.max_priority == pytest.approx(200.0)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -44,9 +46,17 @@ def test_exponent_notation_in_a_yaml_file_and_for_integers_and_optional_numbers(
     ("learner.batch_sise=64", "unknown key learner.batch_sise"),
     ("paramserver.lr=-1e-3", "paramserver.lr: -0.001 must be > 0"),
     ("env.id", "override 'env.id': expected key=value"),
-    ("run.nice.replay=-5", "run.nice.replay: -5 must be in [0, 19]"),
-    ("run.nice.actor=20", "run.nice.actor: 20 must be in [0, 19]"),
-    ("run.nice.actors=5", "unknown key run.nice.actors"),
+    ("deploy.nice.replay=-5", "deploy.nice.replay: -5 must be in [0, 19]"),
+    ("deploy.nice.actor=20", "deploy.nice.actor: 20 must be in [0, 19]"),
+    ("deploy.nice.actors=5", "unknown key deploy.nice.actors"),
+    ("replay.capacity=0", "replay.capacity: 0 must be >= 1"),
+    ("td3.tau=0", "td3.tau: 0.0 must be in (0, 1]"),
+    ("td3.hidden_sizes=[]", "td3.hidden_sizes: [] must be a list of at least 1 item(s), each >= 1"),
+    ("network.hidden_sizes=[64, 0]", "network.hidden_sizes: [64, 0] must be a list of each >= 1"),
+    ("paramserver.lr_final=0", "paramserver.lr_final: 0.0 must be > 0 (or negative: no schedule)"),
+    ("run.nice.actor=3", "run.nice: moved to deploy.nice"),
+    ("learner.torch_threads=2", "learner.torch_threads: moved to deploy.learner_torch_threads"),
+    ("dqn.bootstrap_max=200", "dqn.bootstrap_max: removed (docs/experiments/2026-12-07-removed-knobs.md"),
 ])
 def test_bad_values_are_errors_that_name_the_key(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -84,7 +94,26 @@ def test_the_slow_link_config_trains_the_default_agent():
     assert wan["learner.grad_encoding"] == "onebit" and wan["learner.sync"] == "local_replica"
 
 
-def test_run_nice_defaults_put_the_learner_first_and_name_services_by_process():
-    nice = load_config(None, ["run.nice.actor=7"]).run.nice
+def test_deploy_nice_defaults_put_the_learner_first_and_name_services_by_process():
+    nice = load_config(None, ["deploy.nice.actor=7"]).deploy.nice
     assert nice.learner == 0 and nice.replay == nice.paramserver == nice.redis == nice.evaluator == 19
     assert nice.of("actor-3") == 7 and nice.of("replay") == 19 and nice.of("learner") == 0
+
+
+def test_the_charts_experiment_schema_is_generated_from_the_config_declarations():
+    """charts/amprl/values.schema.json's ``experiment`` is what amprl.config.schema makes
+    (regenerate: python -m amprl.config.schema charts/amprl/values.schema.json)."""
+    committed = json.loads((ROOT / "charts/amprl/values.schema.json").read_text())
+    assert committed["properties"]["experiment"] == experiment_schema()
+
+
+def test_the_schema_states_the_declared_ranges_choices_and_meanings():
+    schema = experiment_schema()["properties"]
+    capacity = schema["replay"]["properties"]["capacity"]
+    assert capacity["type"] == "integer" and capacity["minimum"] == 1
+    assert capacity["description"].startswith("Transitions kept")
+    assert schema["td3"]["properties"]["tau"]["exclusiveMinimum"] == 0
+    assert schema["learner"]["properties"]["sync"]["enum"] == ["overlapped", "synchronous", "local_replica"]
+    assert schema["network"]["properties"]["hidden_sizes"]["items"] == {"type": "integer", "minimum": 1}
+    assert schema["deploy"]["properties"]["nice"]["properties"]["actor"]["maximum"] == 19
+    assert schema["replay"]["additionalProperties"] is False

@@ -260,7 +260,7 @@ class Actor:
         self._run_stop = stop
         # torch's (OpenMP) thread count is per OS thread: a thread that never set it runs
         # every op on a team of one thread per core, which spins against the env loop.
-        torch.set_num_threads(self.cfg.actor.torch_threads)
+        torch.set_num_threads(self.cfg.deploy.actor_torch_threads)
         n = len(self.envs)
         first = []
         for i, env in enumerate(self.envs):

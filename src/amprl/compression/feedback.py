@@ -36,7 +36,7 @@ class ErrorFeedback:
     Tensors with fewer than ``min_elements`` elements always go dense fp32 and keep a zero
     residual.
 
-    ``precondition`` (onebit only; learners turn it on, ``learner.onebit_precondition``):
+    ``precondition`` (onebit only; learners always turn it on):
     each 1-bit tensor is first divided element-wise by the root of its running mean square,
     Adam's bias-corrected second moment kept here with ``beta2`` and ``eps``::
 

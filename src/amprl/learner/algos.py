@@ -40,8 +40,7 @@ class DQNAlgo:
         self.device = device
         self.target = TargetNetwork.for_dqn(model, cfg.dqn)
         self._names = [n for n, p in model.named_parameters() if p.requires_grad]
-        self._target_args = dict(double=cfg.dqn.double, clipped=cfg.dqn.clipped_double,
-                                 bootstrap_max=cfg.dqn.bootstrap_max)  # how y is formed, both paths
+        self._target_args = dict(double=cfg.dqn.double)  # how y is formed, both paths
         # learner.overlap_targets: y on a second thread, overlapped with the online forward
         # over s. Both only read the weights, which change between updates, never during one.
         self._targets_thread = None
@@ -49,7 +48,7 @@ class DQNAlgo:
             self._targets_thread = ThreadPoolExecutor(
                 1, thread_name_prefix="learner-targets",
                 # torch's thread count is per OS thread (a thread that never set it uses every core)
-                initializer=torch.set_num_threads, initargs=(cfg.learner.torch_threads,))
+                initializer=torch.set_num_threads, initargs=(cfg.deploy.learner_torch_threads,))
 
     def to_tensors(self, s, pin: bool = False) -> tuple[Batch, np.ndarray]:
         """A sampled replay batch as device tensors, plus its keys (kept on the host)."""

@@ -4,21 +4,11 @@ The target for transition i (Hessel et al. 2018; Horgan et al. 2018, Ape-X):
 
     y_i = R_i + D_i * Q_target(s'_i, argmax_a Q_online(s'_i, a))     (double)
     y_i = R_i + D_i * max_a Q_target(s'_i, a)                         (plain)
-    y_i = R_i + D_i * min(Q_target(s'_i, a*), Q_online(s'_i, a*)),
-          a* = argmax_a Q_online(s'_i, a)                                 (clipped double)
-
-The clipped form is the clipped double Q-learning of Fujimoto et al. 2018 (TD3) with DQN's
-two networks as the pair: the bootstrap value is the lower of the two estimates of the
-chosen action, which damps over-estimation growing through the bootstrap.
 
 with R_i the n-step return sum_{k<n} gamma^k r_{t+k} and D_i = gamma^k (k steps taken, 0
 when the episode terminated within them), both computed by the actors; gamma is already
 in D, so the loss takes no gamma. No gradient flows through y. The loss is
 mean_i(w_i * huber(Q_online(s_i, a_i) - y_i)) and |delta_i| is the new priority.
-
-``bootstrap_max`` (optional) caps the bootstrap value Q(s', a*) at a known bound on any
-return: with rewards at most r_max, no discounted return exceeds r_max / (1 - gamma), so a
-larger estimate is over-estimation, and capping it keeps the target from feeding it back.
 """
 
 from __future__ import annotations
@@ -34,30 +24,21 @@ from amprl.rl.batch import Batch, weights_or_ones
 
 
 def dqn_targets(online: nn.Module, target: nn.Module, batch: Batch, *,
-                double: bool = True, clipped: bool = False,
-                bootstrap_max: float | None = None) -> torch.Tensor:
-    """y = R + D * Q_target(s', a*), a* from the online net (double) or the target net;
-    ``clipped`` (with ``double``): the lower of Q_target(s', a*) and Q_online(s', a*);
-    ``bootstrap_max``: Q(s', a*) capped at that value."""
-    if clipped and not double:
-        raise ValueError("clipped double Q needs double=True")
+                double: bool = True) -> torch.Tensor:
+    """y = R + D * Q_target(s', a*), a* from the online net (double) or the target net."""
     with torch.no_grad():
         q_next_target = target(batch.next_obs).float()
         if double:
             q_next_online = online(batch.next_obs)
             a_star = q_next_online.argmax(dim=1, keepdim=True)
             q_next = q_next_target.gather(1, a_star).squeeze(1)
-            if clipped:
-                q_next = torch.minimum(q_next, q_next_online.gather(1, a_star).squeeze(1).float())
         else:
             q_next = q_next_target.max(dim=1).values
-        if bootstrap_max is not None:
-            q_next = q_next.clamp(max=bootstrap_max)
         return batch.rewards.float() + batch.discounts.float() * q_next
 
 
 def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool = True,
-             clipped: bool = False, bootstrap_max: float | None = None, huber_delta: float = 1.0,
+             huber_delta: float = 1.0,
              targets: Callable[[], torch.Tensor] | None = None,
              info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(loss, td_abs)``: the IS-weighted mean Huber loss (scalar, float32, with
@@ -72,7 +53,7 @@ def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool
     q_all = online(batch.obs).float()
     q = q_all.gather(1, batch.actions.long().reshape(-1, 1)).squeeze(1)
     y = (targets() if targets is not None
-         else dqn_targets(online, target, batch, double=double, clipped=clipped, bootstrap_max=bootstrap_max))
+         else dqn_targets(online, target, batch, double=double))
     delta = q - y
     per_sample = F.huber_loss(q, y, reduction="none", delta=huber_delta)
     loss = (weights_or_ones(batch, per_sample) * per_sample).mean()

@@ -117,7 +117,7 @@ def test_a_stale_push_is_rejected_and_the_learner_resyncs_and_goes_on(system):
     learner.start()
     for _ in range(5):
         assert learner.step(timeout=30)
-    learner._drain_pushes(0)
+    learner.pushes.drain(0)
     residuals = learner.compressor.residuals
     assert residuals and learner.compressor.residual_norm() > 0
     # another learner moves the server 6 versions on: our next push is 6+ > max_staleness 4 stale
@@ -128,16 +128,16 @@ def test_a_stale_push_is_rejected_and_the_learner_resyncs_and_goes_on(system):
             ps2.push(ps2.info().version, other.compress(zeros))
     stale_base = learner.version
     learner._swap_in_new_weights = lambda: None  # hold the old replica for one more update
-    learner._pending_weights = None
+    learner.weights.pending = None
     assert learner.step(timeout=30)
-    learner._drain_pushes(0)
+    learner.pushes.drain(0)
     del learner._swap_in_new_weights
     assert learner.stats.stale_rejections == 1
     assert system.info.info().pushes_rejected_stale >= 1
-    _wait(lambda: learner.stats.resyncs >= 1 and learner._pending_weights is not None, 30, "re-sync pull")
+    _wait(lambda: learner.stats.resyncs >= 1 and learner.weights.pending is not None, 30, "re-sync pull")
     for _ in range(5):
         assert learner.step(timeout=30)
-    learner._drain_pushes(0)
+    learner.pushes.drain(0)
     assert learner.version > stale_base + 6
     assert learner.stats.stale_rejections == 1  # the pushes after the re-sync were accepted
     assert learner.compressor.residuals is residuals and learner.compressor.residual_norm() > 0

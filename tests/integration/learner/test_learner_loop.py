@@ -103,12 +103,12 @@ def test_non_finite_gradients_are_skipped_and_never_pushed(system):
     learner, _, ps = system()
     learner.start()
     _run_updates(learner, 2)
-    learner._drain_pushes(0)
+    learner.pushes.drain(0)
     version = ps.info().version
     batch, keys = learner.feed.batches.get(timeout=30)
     batch.rewards[:] = float("nan")
     learner.update((batch, keys))
-    learner._drain_pushes(0)
+    learner.pushes.drain(0)
     assert learner.stats.skipped_nonfinite == 1
     assert ps.info().version == version
     assert ps.info().pushes_rejected_invalid == 0
@@ -122,13 +122,13 @@ def test_fp16_overflow_backs_off_the_loss_scale_and_skips_the_step(system):
     learner, _, ps = system("learner.precision=fp16", "dqn.huber_delta=1000000.0")
     learner.start()
     _run_updates(learner, 1)
-    learner._drain_pushes(0)
+    learner.pushes.drain(0)
     version = ps.info().version
     skipped, scale = learner.stats.skipped_nonfinite, learner.precision.scale
     batch, keys = learner.feed.batches.get(timeout=30)
     batch.rewards[:] = 6e4
     learner.update((batch, keys))
-    learner._drain_pushes(0)
+    learner.pushes.drain(0)
     assert learner.stats.skipped_nonfinite == skipped + 1
     assert learner.precision.scale == scale / 2 and scale <= 65536.0
     assert ps.info().version == version
@@ -186,15 +186,15 @@ def test_apply_locally_steps_the_replica_in_place_and_keeps_only_the_changes_a_r
     learner, _, ps = system("learner.sync=local_replica", "learner.max_pushes_in_flight=2",
                             "learner.pull_lag_versions=16", "paramserver.max_staleness=16")
     for name, p in learner.model.named_parameters():
-        assert learner.local.params[name].data_ptr() == p.data_ptr()
+        assert learner.weights.local.params[name].data_ptr() == p.data_ptr()
     kept = []
-    deltas = learner._deltas
+    deltas = learner.weights.deltas
 
     class Recording(type(deltas)):
         def append(self, item):
             kept.append(item[0])
             super().append(item)
-    learner._deltas = Recording(deltas)
+    learner.weights.deltas = Recording(deltas)
     learner.start()
     _run_updates(learner, 64)
     learner.stop()
@@ -213,7 +213,7 @@ def test_apply_locally_rebases_onto_pushes_from_another_learner(system):
                             "learner.pull_lag_versions=1")
     learner.start()
     _run_updates(learner, 5)
-    learner._drain_pushes(0)
+    learner.pushes.drain(0)
     other = ParameterClient(ps.address, client_id="learner:other")
     try:
         shapes = {n: p.shape for n, p in learner.model.named_parameters()}
@@ -222,7 +222,7 @@ def test_apply_locally_rebases_onto_pushes_from_another_learner(system):
         other.close()
     _run_updates(learner, 15)  # 10 more
     learner.stop()
-    learner._swap_in_new_weights()  # the weights the last reply that asked brought, if not taken yet
+    learner.swap_in_weights()  # the weights the last reply that asked brought, if not taken yet
     version, weights = ps.pull(have_version=0)
     assert version == 16 and learner.version == 16
     assert learner.stats.rebase_drift > 1e-4  # the foreign step was found and folded in
@@ -231,7 +231,7 @@ def test_apply_locally_rebases_onto_pushes_from_another_learner(system):
     # (which saw the foreign gradient) stepping differently from the learner's copy over
     # the steps since the last re-base (how many depends on when replies came back): each
     # step under a few lr (1e-3), none when the last reply brought the final weights
-    since = version - learner._taken_version
+    since = version - learner.weights.taken_version
     for name, p in learner.model.named_parameters():
         torch.testing.assert_close(p.detach(), weights[name], rtol=0, atol=1e-6 + 5e-3 * since)
 
@@ -269,7 +269,7 @@ def test_pin_update_thread_gives_the_update_thread_a_cpu_of_its_own(system):
     allowed = sorted(os.sched_getaffinity(0))
     assert len(allowed) >= 2, "this test needs a machine with 2 or more CPUs"
     cpu, rest = allowed[0], set(allowed[1:])
-    learner, _, ps = system("learner.pin_update_thread=true")
+    learner, _, ps = system("deploy.pin_learner_update_thread=true")
     learner.start()
     seen: dict = {}
 
@@ -303,7 +303,7 @@ def test_pin_update_thread_with_one_allowed_cpu_is_a_clear_error(system):
     def build():  # a thread allowed one CPU builds the learner
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         try:
-            system("learner.pin_update_thread=true")
+            system("deploy.pin_learner_update_thread=true")
         except ConfigError as exc:
             errors.append(exc)
 
@@ -311,4 +311,4 @@ def test_pin_update_thread_with_one_allowed_cpu_is_a_clear_error(system):
     t.start()
     t.join(60)
     assert len(errors) == 1
-    assert "learner.pin_update_thread" in str(errors[0]) and "needs a second one" in str(errors[0])
+    assert "deploy.pin_learner_update_thread" in str(errors[0]) and "needs a second one" in str(errors[0])

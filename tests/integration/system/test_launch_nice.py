@@ -1,4 +1,4 @@
-"""`run.nice`: the launcher lowers the CPU priority of the processes it starts (real
+"""`deploy.nice`: the launcher lowers the CPU priority of the processes it starts (real
 processes, read back from the kernel)."""
 
 from __future__ import annotations

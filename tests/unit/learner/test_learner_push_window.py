@@ -59,9 +59,14 @@ def _learner(*overrides) -> tuple[Learner, FakePS]:
     spec = env_spec(cfg.env)
     learner = Learner(cfg, spec, replay=None, paramserver=None, device="cpu")
     ps = FakePS({n: p.detach().clone() for n, p in learner.model.named_parameters()})
-    learner.ps = ps
-    learner.version = ps.version
+    use_ps(learner, ps)
+    learner.weights.version = ps.version
     return learner, ps
+
+
+def use_ps(learner: Learner, ps) -> None:
+    """The learner's weight sync and push window talk to ``ps`` (a fake parameter server)."""
+    learner.ps = learner.weights.ps = learner.pushes.ps = ps
 
 
 def _batch(learner: Learner, seed: int) -> tuple[Batch, object]:
@@ -100,7 +105,7 @@ def test_a_full_window_averages_the_next_batches_into_one_push_without_waiting()
     expected = []
     for i in (1, 2, 3):
         expected.append(_grads(learner, _batch(learner, i)))  # no push: the window is full
-        learner.version += 1  # new weights arrived meanwhile: base must stay the oldest
+        learner.weights.version += 1  # new weights arrived meanwhile: base must stay the oldest
     assert len(ps.pushes) == 1 and learner.stats.updates == 4
     ps.reply(0)
     learner.update(_batch(learner, 4))  # a slot is free: 4 batches go out as one push
@@ -118,7 +123,7 @@ def test_max_batches_per_push_1_waits_for_a_slot(monkeypatch):
     learner, ps = _learner("learner.max_pushes_in_flight=1", "learner.max_batches_per_push=1")
     learner.update(_batch(learner, 0))
     waited = []
-    monkeypatch.setattr(learner, "_drain_pushes", lambda keep: (waited.append(keep), ps.reply(0)))
+    monkeypatch.setattr(learner.pushes, "drain", lambda keep: (waited.append(keep), ps.reply(0)))
     learner.update(_batch(learner, 1))
     assert waited == [0] and len(ps.pushes) == 2 and ps.pushes[1][2] == 8
 
@@ -134,17 +139,17 @@ def test_a_stale_rejection_resyncs_to_the_servers_weights_even_a_lower_version()
     ps.weights = {n: torch.full_like(w, 0.5) for n, w in ps.weights.items()}
     ps.version = 3
     ps.pushes[0][3].set_exception(errors.FailedPrecondition("ahead", current_version=3))
-    assert learner.stats.stale_rejections == 1 and learner._want_pull.is_set()
-    t = threading.Thread(target=learner._pull_loop, daemon=True)  # the real pull thread
+    assert learner.stats.stale_rejections == 1 and learner.weights.want_pull.is_set()
+    t = threading.Thread(target=learner.weights.pull_loop, daemon=True)  # the real pull thread
     t.start()
     for _ in range(50):
-        if learner._pending_weights is not None:
+        if learner.weights.pending is not None:
             break
         t.join(0.1)
     learner._stop.set()
     t.join(2)
     assert ps.pulls == [0]  # a full pull, whatever the replica holds
-    learner._swap_in_new_weights()
+    learner.swap_in_weights()
     assert learner.version == 3 and learner.stats.server_rollbacks == 1 and learner.stats.resyncs == 1
     assert all(bool((p == 0.5).all()) for p in learner.model.parameters())
     assert learner.compressor.residuals is residuals and learner.compressor.residual_norm() > 0
@@ -155,7 +160,7 @@ def test_a_failed_push_frees_its_slot_and_asks_for_a_resync():
     learner, ps = _learner("learner.max_pushes_in_flight=1")
     learner.update(_batch(learner, 0))
     ps.pushes[0][3].set_exception(errors.Unavailable("connection reset"))
-    assert learner.stats.push_errors == 1 and learner._resync.is_set()
+    assert learner.stats.push_errors == 1 and learner.weights.resync.is_set()
     learner.update(_batch(learner, 1))  # the window has room again: pushed at once
     assert len(ps.pushes) == 2 and ps.pushes[1][2] == 8
 
@@ -174,14 +179,14 @@ class ApplyingPS(FakePS):
 def test_pull_lag_0_trains_every_batch_on_the_weights_its_previous_push_made():
     learner, _ = _learner("learner.sync=synchronous", "learner.max_pushes_in_flight=1")
     ps = ApplyingPS(learner.ps.weights, version=7)
-    learner.ps = ps
+    use_ps(learner, ps)
     for i in range(3):
         learner.update(_batch(learner, i))
         assert learner.version == ps.version == 8 + i  # pulled before the next update
         for n, p in learner.model.named_parameters():
             torch.testing.assert_close(p.detach(), ps.weights[n])
     assert [p[0] for p in ps.pushes] == [7, 8, 9]  # staleness 0 at the server
-    assert ps.pulls == [7, 8, 9] and not learner._want_pull.is_set()
+    assert ps.pulls == [7, 8, 9] and not learner.weights.want_pull.is_set()
 
 
 class ReplyingPS(ApplyingPS):
@@ -198,7 +203,7 @@ class ReplyingPS(ApplyingPS):
 def test_pull_lag_0_loads_the_weights_from_the_push_reply_without_a_pull():
     learner, _ = _learner("learner.sync=synchronous", "learner.max_pushes_in_flight=1")
     ps = ReplyingPS(learner.ps.weights, version=7)
-    learner.ps = ps
+    use_ps(learner, ps)
     for i in range(3):
         learner.update(_batch(learner, i))
         assert learner.version == ps.version == 8 + i
@@ -210,15 +215,15 @@ def test_pull_lag_0_loads_the_weights_from_the_push_reply_without_a_pull():
 def test_overlapped_pushes_ask_for_their_weights_and_the_replies_replace_the_pulls():
     learner, _ = _learner("learner.pull_lag_versions=1", "learner.max_pushes_in_flight=2")
     ps = ReplyingPS(learner.ps.weights, version=7)
-    learner.ps = ps
+    use_ps(learner, ps)
     asked = []
     push_future = ps.push_future
     ps.push_future = lambda *a, **k: (asked.append(k.get("return_weights")), push_future(*a, **k))[1]
     for i in range(3):
-        learner._swap_in_new_weights()  # what step() does before each update
+        learner.swap_in_weights()  # what step() does before each update
         learner.update(_batch(learner, i))
-    learner._swap_in_new_weights()
-    assert asked == [True, True, True] and ps.pulls == [] and not learner._want_pull.is_set()
+    learner.swap_in_weights()
+    assert asked == [True, True, True] and ps.pulls == [] and not learner.weights.want_pull.is_set()
     assert learner.version == ps.version == 10
     for n, p in learner.model.named_parameters():
         torch.testing.assert_close(p.detach(), ps.weights[n])
@@ -233,9 +238,9 @@ def test_one_push_at_a_time_asks_for_weights_and_the_others_wait_for_it_instead_
         learner.update(_batch(learner, i))
     assert asked == [True, False, False]
     ps.reply(1)  # a push that did not ask: the weights are on their way with push 0
-    assert not learner._want_pull.is_set()
+    assert not learner.weights.want_pull.is_set()
     ps.reply(0)  # the reply came without weights (a model over one message): pull
-    assert learner._want_pull.is_set() and ps.pulls == []
+    assert learner.weights.want_pull.is_set() and ps.pulls == []
     learner.update(_batch(learner, 3))
     assert asked == [True, False, False, True]
 
@@ -243,33 +248,33 @@ def test_one_push_at_a_time_asks_for_weights_and_the_others_wait_for_it_instead_
 def test_a_pull_older_than_the_weights_a_reply_brought_is_not_swapped_in():
     learner, _ = _learner("learner.pull_lag_versions=1", "learner.max_pushes_in_flight=2")
     ps = ReplyingPS(learner.ps.weights, version=7)
-    learner.ps = ps
+    use_ps(learner, ps)
     learner.update(_batch(learner, 0))  # the reply brings version 8
-    assert learner._pending_weights[0] == 8
+    assert learner.weights.pending[0] == 8
     ps.version = 7  # a pull served before that push was applied, completing after it
     ps.pull = lambda have_version=0, timeout=None, **_: (7, {k: v.clone() for k, v in ps.weights.items()})
-    learner._want_pull.set()
-    t = threading.Thread(target=learner._pull_loop, daemon=True)
+    learner.weights.want_pull.set()
+    t = threading.Thread(target=learner.weights.pull_loop, daemon=True)
     t.start()
-    while learner._want_pull.is_set():
+    while learner.weights.want_pull.is_set():
         t.join(0.05)
     learner._stop.set()
     t.join(2)
-    assert learner._pending_weights[0] == 8
-    learner._swap_in_new_weights()
+    assert learner.weights.pending[0] == 8
+    learner.swap_in_weights()
     assert learner.version == 8 and learner.stats.server_rollbacks == 0
 
 
 def test_a_reply_older_than_the_loaded_weights_is_neither_swapped_in_nor_a_rollback():
     learner, ps = _learner("learner.pull_lag_versions=1", "learner.max_pushes_in_flight=2")
-    learner.version = 9  # a pull brought version 9 before the reply of the push that made 8
+    learner.weights.version = 9  # a pull brought version 9 before the reply of the push that made 8
 
     class Reply:
         version = 8
         weights = [encode(n, w, "fp32") for n, w in ps.weights.items()]
-    assert learner._offer_weights(Reply())  # no pull needed: the replica is newer
-    assert learner._pending_weights is None
-    learner._swap_in_new_weights()
+    assert learner.weights.offer_weights(Reply())  # no pull needed: the replica is newer
+    assert learner.weights.pending is None
+    learner.swap_in_weights()
     assert learner.version == 9 and learner.stats.server_rollbacks == 0
 
 
@@ -278,22 +283,22 @@ def test_a_reply_offered_while_newer_weights_are_being_loaded_is_not_a_rollback(
     version (it is copying the weights in) when a callback offers the reply that made 8."""
     learner, ps = _learner("learner.pull_lag_versions=1", "learner.max_pushes_in_flight=2")
     weights = {n: w.clone() for n, w in ps.weights.items()}
-    learner._pending_weights = (10, weights)
+    learner.weights.pending = (10, weights)
 
     class Reply:
         version = 8
         weights = [encode(n, w, "fp32") for n, w in ps.weights.items()]
-    load = learner._load
+    load = learner.weights.load
     offered = []
 
     def load_while_a_reply_arrives(version, w):
-        offered.append(learner._offer_weights(Reply()))  # self.version is still 7 here
+        offered.append(learner.weights.offer_weights(Reply()))  # self.version is still 7 here
         load(version, w)
-    learner._load = load_while_a_reply_arrives
-    learner._swap_in_new_weights()
+    learner.weights.load = load_while_a_reply_arrives
+    learner.swap_in_weights()
     assert offered == [True] and learner.version == 10
-    assert learner._pending_weights is None  # the older reply was not queued behind them
-    learner._swap_in_new_weights()
+    assert learner.weights.pending is None  # the older reply was not queued behind them
+    learner.swap_in_weights()
     assert learner.version == 10 and learner.stats.server_rollbacks == 0
 
 
@@ -356,7 +361,7 @@ def test_a_push_reply_from_a_new_server_incarnation_resyncs_even_at_a_higher_ver
     learner, ps = _learner()
     learner.update(_batch(learner, 0))
     ps.reply(0)  # incarnation 1: the server's life the learner knows from now on
-    assert not learner._resync.is_set()
+    assert not learner.weights.resync.is_set()
     learner.update(_batch(learner, 1))
     # the server restarted in between (other weights); its version happens to be higher
     ps.weights = {n: torch.full_like(w, 0.25) for n, w in ps.weights.items()}
@@ -364,7 +369,7 @@ def test_a_push_reply_from_a_new_server_incarnation_resyncs_even_at_a_higher_ver
     class Reply:
         version, incarnation, weights = 50, 2, []
     ps.pushes[1][3].set_result(Reply())
-    assert learner._resync.is_set() and learner._want_pull.is_set()
+    assert learner.weights.resync.is_set() and learner.weights.want_pull.is_set()
     assert learner.stats.pushes_applied == 1  # the new life's reply is not taken as ours
 
 

@@ -39,36 +39,6 @@ def test_double_dqn_target_takes_online_argmax_and_target_value():
     torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 5.0, 2.0]))
 
 
-def test_clipped_double_target_takes_the_lower_of_both_nets_values_of_the_online_argmax():
-    online = [[1.0, 2.0], [3.0, 0.5], [0.0, 4.0]]
-    y = dqn_targets(table(online), table(TARGET_Q), batch(), double=True, clipped=True)
-    # a* = 0 at s1; min(Q_target(s1, 0) = 5, Q_online(s1, 0) = 3) = 3
-    torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 3.0, 2.0]))
-    # where the target net is the lower one it is kept: Q_online(s1, 0) = 6 > 5
-    online[1] = [6.0, 0.5]
-    y = dqn_targets(table(online), table(TARGET_Q), batch(), double=True, clipped=True)
-    torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 5.0, 2.0]))
-
-
-def test_clipped_without_double_is_an_error():
-    with pytest.raises(ValueError, match="double"):
-        dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=False, clipped=True)
-
-
-def test_bootstrap_max_caps_the_bootstrap_value_not_the_return():
-    # double: Q_target(s1, a*=0) = 5 is capped at 4; the terminal sample keeps its return
-    y = dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=True, bootstrap_max=4.0)
-    torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 4.0, 2.0]))
-    # plain: max Q_target(s1) = 7 is capped too; a cap above it changes nothing
-    y = dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=False, bootstrap_max=6.0)
-    torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 6.0, 2.0]))
-    y = dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=True, bootstrap_max=5.5)
-    torch.testing.assert_close(y, dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=True))
-    # the loss uses the capped target
-    _, td_abs = dqn_loss(table(ONLINE_Q), table(TARGET_Q), batch(), double=True, bootstrap_max=4.0)
-    torch.testing.assert_close(td_abs, torch.tensor([abs(2.0 - (1.5 + 0.729 * 4.0)), abs(3.0 - 2.0)]))
-
-
 def test_plain_dqn_target_takes_target_max():
     y = dqn_targets(table(ONLINE_Q), table(TARGET_Q), batch(), double=False)
     torch.testing.assert_close(y, torch.tensor([1.5 + 0.729 * 7.0, 2.0]))

@@ -1,0 +1,20 @@
+"""The experiment config: one YAML file that every service reads (a ConfigMap on
+Kubernetes).
+
+- ``sections.py``: the dataclasses, one per section; each field declares its type, default,
+  range and meaning.
+- ``loading.py``: YAML and overrides onto them, checked against those declarations.
+- ``schema.py``: the JSON schema of the same declarations (the chart's ``experiment``).
+"""
+
+from amprl.config.bounds import Bound
+from amprl.config.loading import (RENAMED, apply_overrides, config_from_dict, config_to_dict,
+                                  dump_config, load_config, validate)
+from amprl.config.sections import (ActorConfig, DeployConfig, DQNConfig, EnvConfig, EvaluatorConfig,
+                                   ExperimentConfig, LearnerConfig, NetworkConfig, NiceConfig,
+                                   ParamServerConfig, ReplayConfig, RunConfig, TD3Config)
+
+__all__ = ["Bound", "RENAMED", "apply_overrides", "config_from_dict", "config_to_dict", "dump_config",
+           "load_config", "validate", "ActorConfig", "DeployConfig", "DQNConfig", "EnvConfig",
+           "EvaluatorConfig", "ExperimentConfig", "LearnerConfig", "NetworkConfig", "NiceConfig",
+           "ParamServerConfig", "ReplayConfig", "RunConfig", "TD3Config"]
