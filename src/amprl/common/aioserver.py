@@ -107,7 +107,7 @@ class AioServer:
         """Runs ``coro`` on the server's loop and returns its result (from any other thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    # -- the grpc.Server face that grpcutil.wait_for_termination uses ----------------------
+    # -- the grpc.Server face that bootstrap.ServiceProcess uses ---------------------------
 
     @property
     def health_servicer(self) -> "AioServer":

@@ -30,17 +30,17 @@ import datetime
 import json
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 from pathlib import Path
-from typing import Callable
 from urllib.parse import quote
 
 from amprl.config import ExperimentConfig, load_config
-from amprl.common.supervise import ThreadDied
 from amprl.errors import ConfigError
+
+
+ADDRESS_ENV = {"replay": "AMPRL_REPLAY_ADDRESS", "paramserver": "AMPRL_PARAMSERVER_ADDRESS"}
+"""The variable that stands in for each address flag (``--replay``, ``--paramserver``)."""
 
 
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -52,8 +52,8 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
                    help="config override, e.g. learner.batch_size=64 (repeatable)")
     p.add_argument("--host", default=env("AMPRL_HOST", "0.0.0.0"))
     p.add_argument("--port", type=int, default=int(env("AMPRL_PORT", "0")))
-    p.add_argument("--replay", default=env("AMPRL_REPLAY_ADDRESS", ""), help="replay host:port")
-    p.add_argument("--paramserver", default=env("AMPRL_PARAMSERVER_ADDRESS", ""),
+    p.add_argument("--replay", default=env(ADDRESS_ENV["replay"], ""), help="replay host:port")
+    p.add_argument("--paramserver", default=env(ADDRESS_ENV["paramserver"], ""),
                    help="parameter server host:port")
     p.add_argument("--redis-url", default=env("AMPRL_REDIS_URL", ""))
     p.add_argument("--id", default=env("AMPRL_ID") or env("HOSTNAME") or socket.gethostname())
@@ -134,21 +134,3 @@ def write_port_file(path: str, port: int) -> None:
     tmp = Path(path + ".tmp")
     tmp.write_text(str(port))
     tmp.replace(path)
-
-
-def run_until_stopped(run: Callable[[threading.Event], None],
-                      cleanup: Callable[[], None]) -> int:
-    """A worker process's main loop: ``run(stop)`` until SIGTERM or SIGINT sets ``stop``,
-    then ``cleanup()``. Returns the exit status: 0, or 1 when a supervised background
-    thread died (the loop raised ThreadDied), so that Kubernetes restarts the pod."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    try:
-        run(stop)
-    except ThreadDied as exc:
-        logging.getLogger("amprl").error("%s: exiting so that the pod is restarted", exc)
-        return 1
-    finally:
-        cleanup()
-    return 0

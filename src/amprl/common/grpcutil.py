@@ -20,9 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import signal
 import os
-import threading
 from concurrent import futures
 from pathlib import Path
 from typing import Callable, Iterable
@@ -153,32 +151,6 @@ def set_health(server: grpc.Server, *, serving: bool) -> None:
               else health_pb2.HealthCheckResponse.NOT_SERVING)
     for name in [*server.service_names, ""]:
         server.health_servicer.set(name, status)
-
-
-def wait_for_termination(server: grpc.Server, grace_s: float = 5.0,
-                         on_stop: Callable[[], None] | None = None, drain_s: float = 0.0) -> None:
-    """Serves until SIGTERM/SIGINT, then marks health NOT_SERVING, keeps serving for
-    ``drain_s`` (so readiness probes take the server out of rotation before it goes), and
-    stops with ``grace_s`` for the calls still open."""
-    done = threading.Event()
-
-    def _stop(signum, _frame):
-        log.info("signal %d: stopping", signum)
-        done.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    done.wait()
-    hs = getattr(server, "health_servicer", None)
-    if hs is not None:
-        hs.enter_graceful_shutdown()
-    if drain_s > 0:
-        log.info("NOT_SERVING: draining for %.0f s before stopping", drain_s)
-        done.clear()
-        done.wait(drain_s)  # a second signal cuts the drain short
-    if on_stop is not None:
-        on_stop()
-    server.stop(grace_s).wait()
 
 
 _CODES = [

@@ -31,7 +31,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from amprl.common import cli, grpcutil
+from amprl.common import cli
+from amprl.common.bootstrap import ServiceProcess
 from amprl.config import ExperimentConfig
 from amprl.paramserver.checkpoint import CheckpointManager, PeriodicCheckpointer
 from amprl.paramserver.follower import create_follower
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None,
     # One thread: Adam on a model this size is memory-bound, and idle OpenMP workers
     # spin-waiting cost more CPU than the step itself on a shared 2-core box.
     torch.set_num_threads(1)
-    parser = cli.base_parser("amprl paramserver", __doc__.splitlines()[0])
+    proc = ServiceProcess("paramserver", __doc__.splitlines()[0])
+    parser = proc.parser
     env = os.environ.get
     parser.add_argument("--pull-port", type=int, default=int(env("AMPRL_PULL_PORT") or -1),
                         help="also serve PullParameters/WatchParameters/Info (no pushes) on "
@@ -73,17 +75,17 @@ def main(argv: list[str] | None = None,
                         help="a client counts as live in Info if it called within this many seconds")
     parser.add_argument("--follow", default=env("AMPRL_FOLLOW", ""), metavar="ADDRESS",
                         help="serve as a pull-only follower of the parameter server at ADDRESS")
-    args = parser.parse_args(argv)
+    args = proc.parse(argv)
     if args.follow and args.pull_port >= 0:
         parser.error("--pull-port: a follower serves only reads, on --port; drop --pull-port "
                      "(or AMPRL_PULL_PORT) or --follow")
-    cfg = cli.setup(args, "paramserver")
+    cfg = proc.setup()
     if args.live_window_s <= 0:
         parser.error(f"--live-window-s {args.live_window_s}: must be > 0")
     torch.manual_seed(cfg.run.seed)  # identical initial weights in every process
     model = (model_factory or default_model)(cfg)
     if args.follow:
-        return follow(args, cfg, model)
+        return follow(proc, cfg, model)
     store = build_store(cfg, model, live_window_s=args.live_window_s)
     ckpt = None
     if cfg.paramserver.checkpoint_interval_s > 0 or cfg.paramserver.checkpoint_interval_versions > 0:
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None,
     periodic = (PeriodicCheckpointer(ckpt, store, cfg.paramserver.checkpoint_interval_s,
                                      cfg.paramserver.checkpoint_interval_versions).start()
                 if ckpt else None)
-    cli.write_port_file(args.port_file, ps.port)
+    proc.attach(ps.server, ps.port)
 
     pull_stopped = []
 
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None,
         if periodic:
             periodic.stop()
 
-    grpcutil.wait_for_termination(ps.server, grace_s=5.0, on_stop=on_stop, drain_s=args.drain_s)
+    proc.run_until_stopped(grace_s=5.0, drain=True, on_stop=on_stop)
     for event in pull_stopped:
         event.wait()
     if ckpt:
@@ -126,23 +128,23 @@ def main(argv: list[str] | None = None,
     return 0
 
 
-def follow(args, cfg: ExperimentConfig, model: nn.Module) -> int:
+def follow(proc: ServiceProcess, cfg: ExperimentConfig, model: nn.Module) -> int:
     """Serves as a pull-only follower until SIGTERM/SIGINT; 1 when following failed for
     good (the main server's weights do not fit the model)."""
+    args = proc.args
     fs = create_follower(model, args.follow, client_id=f"follower:{args.id}", host=args.host,
                          port=args.port or cfg.paramserver.port, live_window_s=args.live_window_s,
                          on_fatal=lambda exc: os.kill(os.getpid(), signal.SIGTERM))
     log.info("serving ParameterService as a pull-only follower of %s on %s:%d (%d tensors, "
              "%d parameters); NOT_SERVING until its first weights", args.follow, args.host,
              fs.port, len(fs.server.store.params), fs.server.store.num_parameters)
-    cli.write_port_file(args.port_file, fs.port)
+    proc.attach(fs.server.server, fs.port)
 
     def on_stop() -> None:
         fs.follower.stop()
         fs.server.servicer.close()  # end watch streams so the grace period is not spent on them
 
-    grpcutil.wait_for_termination(fs.server.server, grace_s=5.0, on_stop=on_stop,
-                                  drain_s=args.drain_s)
+    proc.run_until_stopped(grace_s=5.0, drain=True, on_stop=on_stop)
     if fs.follower.error is not None:
         log.error("stopped: %s", fs.follower.error)
         return 1

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from amprl.common import cli
-from amprl.common.grpcutil import wait_for_termination
+from amprl.common.bootstrap import ServiceProcess
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.envs.factory import env_spec
 from amprl.envs.spec import EnvSpec
@@ -43,7 +43,8 @@ def spec_from_json(text: str) -> EnvSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = cli.base_parser("amprl replay", "Prioritized replay service (gRPC) backed by Redis.")
+    proc = ServiceProcess("replay", "Prioritized replay service (gRPC) backed by Redis.")
+    parser = proc.parser
     parser.add_argument("--prefix", default="amprl:replay:default",
                         help="Redis key prefix of the table (one per shard sharing a Redis)")
     parser.add_argument("--seed", type=int, default=None, help="sampling RNG seed")
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live-window-s", type=float,
                         default=float(os.environ.get("AMPRL_LIVE_WINDOW_S") or LIVE_WINDOW_S),
                         help="an actor counts as live in Info if it inserted within this many seconds")
-    args = parser.parse_args(argv)
-    cfg = cli.setup(args, "replay")
+    args = proc.parse(argv)
+    cfg = proc.setup()
     if args.live_window_s <= 0:
         parser.error(f"--live-window-s {args.live_window_s}: must be > 0")
     spec = spec_from_json(args.spec_json) if args.spec_json else env_spec(cfg.env)
@@ -69,16 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         replay = create_server(cfg, spec, redis_url, args.host, port, seed=args.seed,
                                prefix=args.prefix, live_window_s=args.live_window_s)
-        cli.write_port_file(args.port_file, replay.port)
+        proc.attach(replay.server, replay.port)
         log.info("replay ready on port %d (redis %s)", replay.port, redis_url.split("@")[-1])
         try:
-            wait_for_termination(replay.server, drain_s=args.drain_s)
+            return proc.run_until_stopped(grace_s=5.0, drain=True)
         finally:
             replay.table.storage.close()
     finally:
         if embedded is not None:
             embedded.stop()
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,131 @@
+"""Start-up and shutdown shared by the five service processes (each ``__main__``).
+
+Every service starts and stops the same way, so that the launcher and Kubernetes can treat
+them alike; a ``__main__`` keeps only what is its own (its flags, its worker or servicer,
+its readiness rule):
+
+    proc = ServiceProcess("learner", __doc__)
+    args = proc.parse(argv)                             # base flags + proc.parser's own
+    cfg = proc.setup(require=("replay", "paramserver"))  # logging, config; bad: exit 2
+    wait_for_dependencies(*cli.replay_addresses(args.replay), args.paramserver)
+    ...                                                 # build and start the worker
+    proc.serve(register(learner), port=args.port)       # health, reflection, --port-file
+    learner.on_replay = proc.set_ready                  # its own readiness rule
+    return proc.run_until_stopped(learner.run, grace_s=2.0, on_stop=learner.stop)
+
+A service that builds its own server (replay's ``grpc.aio`` one, the parameter server's
+with its pull port) hands it over with ``proc.attach(server, port)`` instead of ``serve``.
+
+On SIGTERM or SIGINT (Kubernetes' stop, Ctrl-C) health goes NOT_SERVING; with ``drain``
+the server keeps serving ``--drain-s`` seconds more, so that readiness probes take it out
+of rotation before it goes (a second signal cuts that short); then ``on_stop()`` and the
+server's stop, with ``grace_s`` for the calls still open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from typing import Any, Callable, Iterable
+
+from amprl.common import cli, grpcutil
+from amprl.common.supervise import ThreadDied
+from amprl.config import ExperimentConfig
+
+DEPENDENCY_TIMEOUT_S = 120.0
+"""How long a worker waits for each server it needs (replay, parameter server) to answer
+SERVING at start-up: on a fresh cluster they are scheduled and started at the same time."""
+
+
+def wait_for_dependencies(*addresses: str) -> None:
+    """Blocks until each of ``addresses`` answers its health check with SERVING;
+    Unavailable after ``DEPENDENCY_TIMEOUT_S`` for one of them."""
+    for address in addresses:
+        grpcutil.wait_until_serving(address, timeout_s=DEPENDENCY_TIMEOUT_S)
+
+
+class ServiceProcess:
+    """One service process: its flags and config, its gRPC server and its shutdown."""
+
+    def __init__(self, name: str, description: str):
+        self.name = name
+        self.log = logging.getLogger(f"amprl.{name}")
+        self.parser = cli.base_parser(f"amprl {name}", description)
+        self.args = argparse.Namespace()
+        self.server: Any = None  # a grpc.Server, or an AioServer (the same face)
+        self.port = 0
+        self._stop = threading.Event()
+        self._again = threading.Event()  # a second signal: the drain ends early
+
+    def parse(self, argv: list[str] | None) -> argparse.Namespace:
+        """The base flags (``amprl.common.cli``) and those added to ``self.parser``."""
+        self.args = self.parser.parse_args(argv)
+        return self.args
+
+    def setup(self, require: Iterable[str] = ()) -> ExperimentConfig:
+        """Logging and the validated config; a bad config, or a missing address flag in
+        ``require`` ("replay", "paramserver"), is one error log line and exit status 2."""
+        cfg = cli.setup(self.args, self.name)
+        missing = list(require)
+        if not all(getattr(self.args, flag) for flag in missing):
+            flags = " and ".join(f"--{flag}" for flag in missing)
+            env = " / ".join(cli.ADDRESS_ENV[flag] for flag in missing)
+            self.log.error("%s (or %s) %s required", flags, env, "are" if len(missing) > 1 else "is")
+            raise SystemExit(2)
+        return cfg
+
+    def serve(self, register: Iterable[tuple[Callable, object, str]], port: int) -> None:
+        """Starts this process's server for ``register``'s servicers (see
+        ``grpcutil.create_server``: health SERVING, reflection) on ``--host``:``port``."""
+        server, bound = grpcutil.create_server(register, host=self.args.host, port=port)
+        self.attach(server, bound)
+
+    def attach(self, server: Any, port: int) -> None:
+        """Makes ``server``, started on ``port``, this process's server and writes the port
+        to ``--port-file`` (a launcher waits for that file)."""
+        self.server, self.port = server, port
+        cli.write_port_file(self.args.port_file, port)
+
+    def set_ready(self, ready: bool) -> None:
+        """Readiness of a server from ``serve``: SERVING or NOT_SERVING (no effect once
+        shutdown has begun)."""
+        grpcutil.set_health(self.server, serving=ready)
+
+    def run_until_stopped(self, run: Callable[[threading.Event], None] | None = None, *,
+                          grace_s: float, drain: bool = False,
+                          on_stop: Callable[[], None] | None = None) -> int:
+        """Serves until SIGTERM or SIGINT, running ``run(stop)`` meanwhile (a worker's loop,
+        which returns once ``stop`` is set), then shuts down (module docstring). Returns the
+        exit status: 0, or 1 when ``run`` raised ThreadDied (a supervised background thread
+        died), so that Kubernetes restarts the pod."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        status = 0
+        try:
+            if run is None:
+                self._stop.wait()
+            else:
+                run(self._stop)
+        except ThreadDied as exc:
+            self.log.error("%s: exiting so that the pod is restarted", exc)
+            status = 1
+        finally:
+            self._shut_down(grace_s, self.args.drain_s if drain else 0.0, on_stop)
+        return status
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.log.info("signal %d: stopping", signum)
+        if self._stop.is_set():
+            self._again.set()
+        self._stop.set()
+
+    def _shut_down(self, grace_s: float, drain_s: float, on_stop: Callable[[], None] | None) -> None:
+        self.server.health_servicer.enter_graceful_shutdown()
+        if drain_s > 0:
+            self.log.info("NOT_SERVING: draining for %.0f s before stopping", drain_s)
+            self._again.wait(drain_s)
+        if on_stop is not None:
+            on_stop()
+        self.server.stop(grace_s).wait()
