@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from amprl.common import grpcutil
+from amprl.common import channels
 from amprl.config import dump_config, load_config
 from amprl.launch.procs import start_service, stop_services, wait_for_port
 from amprl.v1 import paramserver_pb2, tensor_pb2
@@ -84,8 +84,8 @@ def main() -> int:
                 services.append(start_service("follower", "amprl.paramserver",
                                               common + ["--follow", address], run_dir / "logs"))
                 address = f"127.0.0.1:{wait_for_port(services[1])}"
-            grpcutil.wait_until_serving(address, timeout_s=120)
-            channel = grpcutil.make_channel(address)
+            channels.wait_until_serving(address, timeout_s=120)
+            channel = channels.make_channel(address)
             pull = channel.unary_stream("/amprl.v1.ParameterService/PullParameters")  # raw bytes
             pids = [svc.proc.pid for svc in reversed(services)]  # the server pulled from first
             for name in args.encodings.split(","):

@@ -30,7 +30,7 @@ import signal
 import threading
 from typing import Any, Callable, Iterable
 
-from amprl.common import cli, grpcutil
+from amprl.common import channels, cli, grpcutil
 from amprl.common.supervise import ThreadDied
 from amprl.config import ExperimentConfig
 
@@ -43,7 +43,7 @@ def wait_for_dependencies(*addresses: str) -> None:
     """Blocks until each of ``addresses`` answers its health check with SERVING;
     Unavailable after ``DEPENDENCY_TIMEOUT_S`` for one of them."""
     for address in addresses:
-        grpcutil.wait_until_serving(address, timeout_s=DEPENDENCY_TIMEOUT_S)
+        channels.wait_until_serving(address, timeout_s=DEPENDENCY_TIMEOUT_S)
 
 
 class ServiceProcess:

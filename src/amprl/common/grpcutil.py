@@ -1,9 +1,9 @@
-"""Shared gRPC plumbing: servers with health and reflection, channels with retries, and
-the mapping between ``amprl.errors`` and canonical status codes.
+"""Shared gRPC plumbing of the servers: health and reflection, TLS, message limits, and
+the mapping of ``amprl.errors`` onto canonical status codes (the client side, channels
+with retries and mapped errors, is ``amprl.common.channels``).
 
 Every AMP-RL server is built by ``create_server`` so that ``grpcurl`` can list and call
-it (server reflection) and Kubernetes probes can ask ``grpc.health.v1.Health``; every
-client channel is built by ``make_channel``.
+it (server reflection) and Kubernetes probes can ask ``grpc.health.v1.Health``.
 
 TLS is switched on for a whole deployment by the environment, so every server and client
 of a release agree without a flag on each:
@@ -18,7 +18,6 @@ of a release agree without a flag on each:
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from concurrent import futures
@@ -36,13 +35,6 @@ log = logging.getLogger(__name__)
 # Messages up to 64 MiB: one Atari sample batch of 512 compressed stacks fits easily; a
 # larger message is RESOURCE_EXHAUSTED, which gRPC itself enforces on receive.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
-_KEEPALIVE = [
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 
 SERVER_KEEPALIVE = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
@@ -239,83 +231,3 @@ def map_errors_async(method):
 def _is_generator(fn) -> bool:
     import inspect
     return inspect.isgeneratorfunction(fn)
-
-
-def _retry_service_config(service_names: Iterable[str]) -> str:
-    # Retries only on UNAVAILABLE, and only for the RPCs that are safe to repeat
-    # (declared by the caller): gRPC's own retry machinery with exponential backoff.
-    return json.dumps({
-        "methodConfig": [{
-            "name": [{"service": s} for s in service_names],
-            "retryPolicy": {
-                "maxAttempts": 5,
-                "initialBackoff": "0.1s",
-                "maxBackoff": "2s",
-                "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE"],
-            },
-        }]
-    })
-
-
-def make_channel(address: str, *, retry_services: Iterable[str] = (),
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 tls_server_name: str | None = None) -> grpc.Channel:
-    """A channel with keepalive, message limits and UNAVAILABLE retries for
-    ``retry_services`` (fully qualified names, e.g. "amprl.v1.ReplayService").
-
-    TLS (trusting AMPRL_TLS_CERT_DIR/ca.crt) when AMPRL_TLS_CERT_DIR is set, plaintext
-    otherwise; ``tls_server_name`` overrides AMPRL_TLS_SERVER_NAME.
-    """
-    options = message_limits(max_message_bytes) + _KEEPALIVE + [("grpc.enable_retries", 1)]
-    retry_services = list(retry_services)
-    if retry_services:
-        options.append(("grpc.service_config", _retry_service_config(retry_services)))
-    creds, tls_options = channel_credentials(tls_server_name)
-    if creds is not None:
-        return grpc.secure_channel(address, creds, options=options + tls_options)
-    return grpc.insecure_channel(address, options=options)
-
-
-def raise_for_rpc_error(exc: grpc.RpcError) -> None:
-    """Re-raises a client-side RpcError as the matching ``amprl.errors`` exception."""
-    code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        raise errors.InvalidArgument(details) from exc
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        version = None
-        for key, value in (exc.trailing_metadata() or ()):
-            if key == "amprl-current-version":
-                version = int(value)
-        raise errors.FailedPrecondition(details, current_version=version) from exc
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        raise errors.ResourceExhausted(details) from exc
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        raise errors.DeadlineExceeded(details) from exc
-    if code == grpc.StatusCode.UNAVAILABLE:
-        raise errors.Unavailable(details) from exc
-    if code == grpc.StatusCode.CANCELLED:
-        # Callers that cancel their own calls handle that before mapping; one they did not
-        # cancel was cut off by the server going away (a restart, a SIGTERM past its
-        # grace): as retryable as a connection that could not be made.
-        raise errors.Unavailable(f"the server cancelled the call (shutting down?): {details}") from exc
-    raise exc
-
-
-def wait_until_serving(address: str, timeout_s: float = 30.0) -> None:
-    """Blocks until the server at ``address`` answers its health check with SERVING."""
-    import time
-    deadline = time.monotonic() + timeout_s
-    with make_channel(address) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while True:
-            try:
-                r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise errors.Unavailable(f"{address} not serving after {timeout_s:.0f}s")
-            time.sleep(0.05)

@@ -24,14 +24,16 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from amprl import errors
 from amprl.common import grpcutil
+from amprl.common.channels import make_channel
 
 
 def _channel(address: str) -> grpc.Channel:
     # The probe dials 127.0.0.1, which no certificate names: without a configured name it
     # expects "localhost", the name a self-signed development certificate usually carries.
     name = os.environ.get(grpcutil.TLS_SERVER_NAME_ENV, "") or "localhost"
-    return grpcutil.make_channel(address, tls_server_name=name)
+    return make_channel(address, tls_server_name=name)
 
 
 def check(port: int, service: str = "", timeout_s: float = 3.0, host: str = "127.0.0.1") -> str:
@@ -40,10 +42,11 @@ def check(port: int, service: str = "", timeout_s: float = 3.0, host: str = "127
         with _channel(f"{host}:{port}") as channel:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
-    except grpc.RpcError as exc:
-        return f"{host}:{port}: {exc.code().name}: {exc.details()}"
-    except (OSError, ValueError) as exc:  # unreadable ca.crt (ConfigError is a ValueError)
-        return f"TLS setup: {exc}"
+    except (errors.AmprlError, grpc.RpcError, OSError, ValueError) as exc:
+        rpc = exc if isinstance(exc, grpc.RpcError) else exc.__cause__
+        if isinstance(rpc, grpc.RpcError):  # the call failed (mapped or not)
+            return f"{host}:{port}: {rpc.code().name}: {rpc.details()}"
+        return f"TLS setup: {exc}"  # unreadable ca.crt
     if response.status != health_pb2.HealthCheckResponse.SERVING:
         return f"{host}:{port}: {health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)}"
     return ""

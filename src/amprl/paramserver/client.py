@@ -10,11 +10,12 @@ stale push; ``.current_version`` says where the server is), Unavailable, Deadlin
 
 Retries: every call waits for the channel to be ready (``wait_for_ready``), so a dropped
 connection is re-established under the call's deadline. Pull and Info, which are safe to
-repeat, retry with exponential backoff when the server answers UNAVAILABLE mid-call. So do
-pushes: each carries this client's incarnation and a sequence number, and the server
+repeat, are retried on UNAVAILABLE by gRPC's retry policy (``amprl.common.channels``). So
+are pushes: each carries this client's incarnation and a sequence number, and the server
 applies a numbered push at most once and answers a resend with the first outcome
-(``reply.repeat``), so a push cut off mid-flight is sent again until its deadline instead
-of being lost or applied twice.
+(``reply.repeat``), so a push cut off mid-flight is sent again instead of being lost or
+applied twice. A pull stream cut off after its first message is not retried: the caller
+pulls again.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import concurrent.futures
 import itertools
 import secrets
 import threading
-import time
 from typing import NamedTuple, Sequence
 
 import grpc
@@ -31,7 +31,7 @@ import torch
 
 from amprl import errors
 from amprl.common import grpcutil
-from amprl.common.backoff import Backoff
+from amprl.common.channels import make_channel
 from amprl.wire.compressed import decode, encoding_value
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
@@ -42,15 +42,9 @@ MAX_PUSHES_IN_FLIGHT = 256
 queue. It must not bound a learner's window: at 300 ms RTT a window of 48 needs 48 threads,
 and 32 (the value before) capped such a learner at 32 / 0.3 s = 107 pushes/s."""
 
-_RETRY_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.6)  # then give up (UNAVAILABLE -> Unavailable)
-
-
-def _mapped(exc: grpc.RpcError) -> Exception:
-    try:
-        grpcutil.raise_for_rpc_error(exc)
-    except Exception as mapped:  # noqa: BLE001 - we want the mapped exception object
-        return mapped
-    return exc  # pragma: no cover - raise_for_rpc_error always raises
+_SERVICE = "amprl.v1.ParameterService"
+RETRIED = [f"{_SERVICE}/PushGradients", f"{_SERVICE}/PullParameters", f"{_SERVICE}/Info"]
+"""The calls gRPC repeats on UNAVAILABLE (pushes are numbered, so a resend applies once)."""
 
 
 class Pulled(NamedTuple):
@@ -97,9 +91,11 @@ class VersionWatch:
                 with self._cond:
                     self._pending = resp.version
                     self._cond.notify_all()
-        except grpc.RpcError as exc:
-            if not (self._cancelled and exc.code() == grpc.StatusCode.CANCELLED):
-                self._error = _mapped(exc)
+        except errors.AmprlError as exc:
+            self._error = exc
+        except grpc.RpcError as exc:  # cancelled by us, or a code with no amprl error
+            if not self._cancelled:
+                self._error = exc
         finally:
             with self._cond:
                 self._done = True
@@ -152,8 +148,7 @@ class ParameterClient:
         self.address = address
         self.client_id = client_id
         self.timeout_s = timeout_s
-        # No channel-level retry policy: it would apply to pushes too (see module docstring).
-        self.channel = grpcutil.make_channel(address, max_message_bytes=max_message_bytes)
+        self.channel = make_channel(address, retry=RETRIED, max_message_bytes=max_message_bytes)
         # pushes are numbered (incarnation, 1, 2, ...) so a resend is applied at most once
         self.incarnation = secrets.randbelow(2**63 - 1) + 1
         self._push_sequence = itertools.count(1)
@@ -187,19 +182,7 @@ class ParameterClient:
         InvalidArgument when malformed (nothing was applied in either case).
         """
         request = self._push_request(base_version, grads, batch_size, return_weights, more_steps)
-        deadline = time.monotonic() + (timeout or self.timeout_s)
-        backoff = Backoff(base_s=_RETRY_BACKOFF_S[0], cap_s=_RETRY_BACKOFF_S[-1])
-        while True:
-            try:
-                return self.stub.PushGradients(request, wait_for_ready=True,
-                                               timeout=max(0.01, deadline - time.monotonic()))
-            except grpc.RpcError as exc:
-                delay = backoff.next()
-                if (exc.code() != grpc.StatusCode.UNAVAILABLE
-                        or time.monotonic() + delay >= deadline):
-                    grpcutil.raise_for_rpc_error(exc)
-                    raise  # pragma: no cover
-                time.sleep(delay)  # numbered: a resend is applied at most once
+        return self.stub.PushGradients(request, wait_for_ready=True, timeout=timeout or self.timeout_s)
 
     def push_future(self, base_version: int, grads: Sequence[tensor_pb2.CompressedTensor],
                     batch_size: int = 0, timeout: float | None = None, *,
@@ -249,23 +232,10 @@ class ParameterClient:
         request = paramserver_pb2.PullParametersRequest(have_version=have_version, encoding=enc,
                                                         client_id=self.client_id,
                                                         have_incarnation=have_incarnation)
-        deadline = time.monotonic() + (timeout or self.timeout_s)
-        for attempt in range(len(_RETRY_BACKOFF_S) + 1):
-            try:
-                return self._pull_once(request, deadline, device)
-            except grpc.RpcError as exc:
-                delay = _RETRY_BACKOFF_S[attempt] if attempt < len(_RETRY_BACKOFF_S) else None
-                if (exc.code() != grpc.StatusCode.UNAVAILABLE or delay is None
-                        or time.monotonic() + delay >= deadline):
-                    grpcutil.raise_for_rpc_error(exc)
-                time.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _pull_once(self, request, deadline: float, device):
         weights: dict[str, torch.Tensor] = {}
         version = None
         last = False
-        for resp in self.stub.PullParameters(request, timeout=max(0.01, deadline - time.monotonic()),
+        for resp in self.stub.PullParameters(request, timeout=timeout or self.timeout_s,
                                              wait_for_ready=True):
             if resp.unchanged:
                 return Pulled(resp.version, resp.incarnation, None)
@@ -292,19 +262,8 @@ class ParameterClient:
     # -- Info ----------------------------------------------------------------------------
 
     def info(self, timeout: float | None = None) -> paramserver_pb2.ParameterServiceInfoResponse:
-        deadline = time.monotonic() + (timeout or self.timeout_s)
-        for attempt in range(len(_RETRY_BACKOFF_S) + 1):
-            try:
-                return self.stub.Info(paramserver_pb2.ParameterServiceInfoRequest(),
-                                      timeout=max(0.01, deadline - time.monotonic()),
-                                      wait_for_ready=True)
-            except grpc.RpcError as exc:
-                delay = _RETRY_BACKOFF_S[attempt] if attempt < len(_RETRY_BACKOFF_S) else None
-                if (exc.code() != grpc.StatusCode.UNAVAILABLE or delay is None
-                        or time.monotonic() + delay >= deadline):
-                    grpcutil.raise_for_rpc_error(exc)
-                time.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self.stub.Info(paramserver_pb2.ParameterServiceInfoRequest(),
+                              timeout=timeout or self.timeout_s, wait_for_ready=True)
 
     def close(self) -> None:
         with self._pool_lock:

@@ -6,8 +6,9 @@
     client.update_priorities(batch.keys, new_priorities)
 
 Failures arrive as ``amprl.errors`` (InvalidArgument, ResourceExhausted, DeadlineExceeded,
-Unavailable, ...). Nothing is retried automatically: an Insert that failed mid-stream
-reports what was stored, and only the caller knows whether to resend the rest.
+Unavailable, ...; mapped by ``amprl.common.channels``). Sample, UpdatePriorities and Info are
+retried on UNAVAILABLE by gRPC's retry policy; Insert is not: an Insert that failed
+mid-stream reports what was stored, and only the caller knows whether to resend the rest.
 
 Several shards (``AMPRL_REPLAY_ADDRESS=a:7000,b:7000``): ``connect`` returns a
 ``ShardedReplayClient`` with the same methods (see its docstring for the sampling rule).
@@ -26,7 +27,8 @@ import lz4.block
 import numpy as np
 
 from amprl import errors
-from amprl.common.grpcutil import DEFAULT_MAX_MESSAGE_BYTES, make_channel, raise_for_rpc_error
+from amprl.common.channels import make_channel
+from amprl.common.grpcutil import DEFAULT_MAX_MESSAGE_BYTES
 from amprl.rl.transitions import Chunk
 from amprl.v1 import replay_pb2, replay_pb2_grpc
 from amprl.wire.tensors import DTYPES, tensor_from_proto, tensor_to_proto
@@ -108,13 +110,18 @@ def insert_request(actor_id: str, chunk: Chunk, priorities: np.ndarray,
 _CANCEL_POLL_S = 0.1
 """How often a cancellable call looks at its cancel event."""
 
+_SERVICE = "amprl.v1.ReplayService"
+RETRIED = [f"{_SERVICE}/Sample", f"{_SERVICE}/UpdatePriorities", f"{_SERVICE}/Info"]
+"""The calls gRPC repeats on UNAVAILABLE: reads, and priority updates (setting a priority
+twice is setting it once)."""
+
 
 class ReplayClient:
     """Client of one replay service at ``address`` ("host:port")."""
 
     def __init__(self, address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.address = address
-        self._channel = make_channel(address, max_message_bytes=max_message_bytes)
+        self._channel = make_channel(address, retry=RETRIED, max_message_bytes=max_message_bytes)
         self._stub = replay_pb2_grpc.ReplayServiceStub(self._channel)
 
     def insert(self, actor_id: str,
@@ -138,20 +145,16 @@ class ReplayClient:
                         timeout: float | None = None,
                         cancel: threading.Event | None = None) -> replay_pb2.InsertResponse:
         """Insert with prebuilt requests (see ``insert_request``)."""
-        try:
-            if cancel is None:
-                return self._stub.Insert(iter(requests), timeout=timeout)
-            call = self._stub.Insert.future(iter(requests), timeout=timeout)
-            while not cancel.is_set():
-                try:
-                    return call.result(timeout=_CANCEL_POLL_S)
-                except grpc.FutureTimeoutError:
-                    continue
-            call.cancel()
-            raise errors.DeadlineExceeded("insert cancelled: the caller is stopping")
-        except grpc.RpcError as exc:
-            raise_for_rpc_error(exc)
-            raise
+        if cancel is None:
+            return self._stub.Insert(iter(requests), timeout=timeout)
+        call = self._stub.Insert.future(iter(requests), timeout=timeout)
+        while not cancel.is_set():
+            try:
+                return call.result(timeout=_CANCEL_POLL_S)
+            except grpc.FutureTimeoutError:
+                continue
+        call.cancel()
+        raise errors.DeadlineExceeded("insert cancelled: the caller is stopping")
 
     def sample(self, batch_size: int, beta: float,
                timeout: float | None = None) -> SampledBatch:
@@ -160,12 +163,8 @@ class ReplayClient:
 
     def sample_raw(self, batch_size: int, beta: float,
                    timeout: float | None = None) -> replay_pb2.SampleResponse:
-        try:
-            return self._stub.Sample(replay_pb2.SampleRequest(batch_size=batch_size, beta=beta),
-                                     timeout=timeout)
-        except grpc.RpcError as exc:
-            raise_for_rpc_error(exc)
-            raise
+        return self._stub.Sample(replay_pb2.SampleRequest(batch_size=batch_size, beta=beta),
+                                 timeout=timeout)
 
     def sample_future(self, batch_size: int, beta: float, timeout: float | None = None):
         """A grpc Future of the SampleResponse (for prefetching); decode its result with
@@ -179,18 +178,10 @@ class ReplayClient:
         req = replay_pb2.UpdatePrioritiesRequest()
         tensor_to_proto(np.asarray(keys, dtype=np.int64), req.keys)
         tensor_to_proto(np.asarray(priorities, dtype=np.float32), req.priorities)
-        try:
-            return self._stub.UpdatePriorities(req, timeout=timeout)
-        except grpc.RpcError as exc:
-            raise_for_rpc_error(exc)
-            raise
+        return self._stub.UpdatePriorities(req, timeout=timeout)
 
     def info(self, timeout: float | None = None) -> replay_pb2.ReplayServiceInfoResponse:
-        try:
-            return self._stub.Info(replay_pb2.ReplayServiceInfoRequest(), timeout=timeout)
-        except grpc.RpcError as exc:
-            raise_for_rpc_error(exc)
-            raise
+        return self._stub.Info(replay_pb2.ReplayServiceInfoRequest(), timeout=timeout)
 
     def close(self) -> None:
         self._channel.close()

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from torch import nn
 
 from amprl import errors
-from amprl.common import grpcutil
+from amprl.common import channels
 from amprl.wire.compressed import encode
 from amprl.config import config_from_dict
 from amprl.paramserver import __main__ as ps_main
@@ -57,7 +57,7 @@ def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
 
 
 def health(address: str) -> int:
-    with grpcutil.make_channel(address) as channel:
+    with channels.make_channel(address) as channel:
         return health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=5).status
 
@@ -99,7 +99,7 @@ def test_a_follower_serves_each_version_of_the_main_server(servers, monkeypatch)
     main = servers.main()
     fs = servers.follower(f"127.0.0.1:{main.pull_port}")
     learner = servers.client(main.port, "learner-0")
-    grpcutil.wait_until_serving(f"127.0.0.1:{fs.port}", timeout_s=10)
+    channels.wait_until_serving(f"127.0.0.1:{fs.port}", timeout_s=10)
     tensors = len(main.store.shapes)
     for version in range(1, 4):
         learner.push(version - 1, grads(main, version))
@@ -128,7 +128,7 @@ def test_a_follower_refuses_pushes_naming_the_main_server(servers):
     main = servers.main()
     address = f"127.0.0.1:{main.pull_port}"
     fs = servers.follower(address)
-    grpcutil.wait_until_serving(f"127.0.0.1:{fs.port}", timeout_s=10)
+    channels.wait_until_serving(f"127.0.0.1:{fs.port}", timeout_s=10)
     with pytest.raises(grpc.RpcError) as denied:
         servers.client(fs.port, "learner-0").push(0, grads(main))
     assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -143,14 +143,14 @@ def test_a_follower_is_not_serving_until_it_holds_weights(servers):
     assert health(address) == health_pb2.HealthCheckResponse.NOT_SERVING
     actor = servers.client(fs.port, "actor-0")
     with pytest.raises(errors.Unavailable, match="no weights yet"):
-        actor.pull(timeout=1.0)
+        actor.pull(timeout=10.0)  # gRPC retries it (UNAVAILABLE), then reports the last answer
     with pytest.raises(errors.Unavailable, match="no weights yet"):
         actor.watch(0).next(timeout=5)
     assert actor.info().version == 0  # Info answers all along
     main = servers.main(seed=1, port=port)
     learner = servers.client(main.port, "learner-0")
     learner.push(0, grads(main))
-    grpcutil.wait_until_serving(address, timeout_s=10)
+    channels.wait_until_serving(address, timeout_s=10)
     wait_for(lambda: fs.server.store.version == 1, what="version 1")
     version, weights = actor.pull()
     assert version == 1
@@ -163,7 +163,7 @@ def test_a_follower_polls_when_the_main_server_refuses_its_watch(servers):
     with other.watch(0) as taken:  # the main server's only watch stream
         assert taken.next(timeout=5) == 0
         fs = servers.follower(f"127.0.0.1:{main.pull_port}")
-        grpcutil.wait_until_serving(f"127.0.0.1:{fs.port}", timeout_s=10)
+        channels.wait_until_serving(f"127.0.0.1:{fs.port}", timeout_s=10)
         learner = servers.client(main.port, "learner-0")
         for version in range(1, 4):
             learner.push(version - 1, grads(main, version))
@@ -263,7 +263,7 @@ def test_amprl_paramserver_follow_runs_as_a_process(tmp_path):
         follower, port = start(["--run-dir", str(follower_run)], tmp_path, "follower",
                                env={"AMPRL_FOLLOW": f"127.0.0.1:{pull_port}"})
         procs.append(follower)
-        grpcutil.wait_until_serving(f"127.0.0.1:{port}", timeout_s=30)
+        channels.wait_until_serving(f"127.0.0.1:{port}", timeout_s=30)
         with ParameterClient(f"127.0.0.1:{main_port}", "learner-0") as learner, \
                 ParameterClient(f"127.0.0.1:{port}", "actor-0") as actor:
             _, initial = learner.pull()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from amprl.common.grpcutil import wait_until_serving
+from amprl.common.channels import wait_until_serving
 from amprl.wire.compressed import encode
 from amprl.paramserver.checkpoint import CheckpointManager
 from amprl.paramserver.client import ParameterClient

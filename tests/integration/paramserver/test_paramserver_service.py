@@ -18,6 +18,20 @@ from amprl.paramserver.store import ParameterStore
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
 
+
+@pytest.fixture
+def raw_stub():
+    """A ParameterService stub on a plain channel (no retries, no error mapping): for the
+    tests of what the server itself answers, status codes and trailers included."""
+    channels = []
+
+    def make(client):
+        channels.append(grpc.insecure_channel(client.address))
+        return paramserver_pb2_grpc.ParameterServiceStub(channels[-1])
+    yield make
+    for channel in channels:
+        channel.close()
+
 def small_model(seed=0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
@@ -94,10 +108,10 @@ def test_a_model_over_one_message_gets_no_weights_in_the_reply(start_server):
     assert version == 1 and all(torch.equal(weights[n], ps.store.params[n].detach()) for n in weights)
 
 
-def test_an_unchanged_pull_carries_only_the_version(start_server):
+def test_an_unchanged_pull_carries_only_the_version(start_server, raw_stub):
     ps, client = start_server()
     client.push(0, fp32_grads(ps))
-    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    stub = raw_stub(client)
     replies = list(stub.PullParameters(paramserver_pb2.PullParametersRequest(have_version=1,
                                                                              client_id="actor-0")))
     assert len(replies) == 1
@@ -110,11 +124,11 @@ def test_an_unchanged_pull_carries_only_the_version(start_server):
     assert info.actors_live == 1 and info.clients_live == 2
 
 
-def test_a_model_over_the_message_limit_is_pulled_in_chunks(start_server):
+def test_a_model_over_the_message_limit_is_pulled_in_chunks(start_server, raw_stub):
     model = wide_model()
     limit = 40 * 1024
     ps, client = start_server(model, max_message_bytes=limit)
-    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    stub = raw_stub(client)
     replies = list(stub.PullParameters(paramserver_pb2.PullParametersRequest()))
     assert len(replies) >= 4
     assert all(r.ByteSize() <= limit for r in replies)
@@ -274,11 +288,11 @@ CASES = ["unknown name", "duplicate name", "shape mismatch", "unspecified encodi
 
 
 @pytest.mark.parametrize("steps", [1, 3])
-def test_every_bad_push_is_invalid_argument_and_the_server_keeps_serving(start_server, steps):
+def test_every_bad_push_is_invalid_argument_and_the_server_keeps_serving(start_server, steps, raw_stub):
     """Each bad case alone, and as the last step of a 3-step push (two good steps before it,
     which must not be applied either; the message names the step)."""
     ps, client = start_server()
-    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    stub = raw_stub(client)
     client.push(0, fp32_grads(ps))
     _, before = client.pull()
     cases = _bad_cases(ps)
@@ -322,11 +336,11 @@ def test_a_multi_step_push_applies_its_steps_in_order_one_version_each(start_ser
     assert info.version == 3 and info.pushes_applied == 3 and info.transitions_trained == 48
 
 
-def test_a_too_stale_push_is_failed_precondition_with_the_current_version(start_server):
+def test_a_too_stale_push_is_failed_precondition_with_the_current_version(start_server, raw_stub):
     ps, client = start_server(max_staleness=1)
     for v in range(3):
         client.push(v, fp32_grads(ps, v))
-    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    stub = raw_stub(client)
     with pytest.raises(grpc.RpcError) as err:
         stub.PushGradients(_raw_push(ps, fp32_grads(ps), base_version=0), timeout=5)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -353,9 +367,9 @@ def test_staleness_scaling_is_reported_in_the_reply(start_server):
     assert client.info().pushes_scaled == 1
 
 
-def test_pull_in_onebit_is_refused(start_server):
+def test_pull_in_onebit_is_refused(start_server, raw_stub):
     _, client = start_server()
-    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    stub = raw_stub(client)
     with pytest.raises(grpc.RpcError) as err:
         list(stub.PullParameters(paramserver_pb2.PullParametersRequest(
             encoding=tensor_pb2.ENCODING_ONE_BIT)))
@@ -374,9 +388,9 @@ def test_many_pushes_in_flight_from_two_learners(start_server):
         other.close()
 
 
-def test_decode_of_pulled_weights_is_exact(start_server):
+def test_decode_of_pulled_weights_is_exact(start_server, raw_stub):
     ps, client = start_server()
-    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    stub = raw_stub(client)
     (reply,) = list(stub.PullParameters(paramserver_pb2.PullParametersRequest()))
     for msg in reply.parameters:
         assert torch.equal(decode(msg), ps.store.params[msg.name].detach())
@@ -496,7 +510,7 @@ def test_add_to_server_registers_every_rpc_of_the_service():
     assert len(server.generic) == 1
 
 
-def test_a_new_server_life_sends_its_weights_even_under_the_version_number_held(start_server):
+def test_a_new_server_life_sends_its_weights_even_under_the_version_number_held(start_server, raw_stub):
     # Two lives of "the" parameter server with the same version number and other weights,
     # as after a restart from an older checkpoint.
     first, c1 = start_server(small_model(seed=0))
@@ -516,17 +530,17 @@ def test_a_new_server_life_sends_its_weights_even_under_the_version_number_held(
     # a client blind to incarnations (have_incarnation 0) keeps the old rule
     assert c2.pull_versioned(1, 0).weights is None
     # a watch of another life announces at once
-    stub = paramserver_pb2_grpc.ParameterServiceStub(c2.channel)
+    stub = raw_stub(c2)
     first_msg = next(iter(stub.WatchParameters(paramserver_pb2.WatchParametersRequest(
         have_version=1, have_incarnation=one.incarnation), timeout=5)))
     assert (first_msg.version, first_msg.incarnation) == (1, two.incarnation)
 
 
-def test_a_push_whose_caller_went_away_while_it_waited_is_not_applied(start_server):
+def test_a_push_whose_caller_went_away_while_it_waited_is_not_applied(start_server, raw_stub):
     # max_staleness 4: a push based one version ahead waits (up to reorder_wait_s) for the
     # push before it. Its caller gives up after 0.3 s; the push before it then arrives.
     ps, client = start_server(max_staleness=4)
-    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    stub = raw_stub(client)
     early = stub.PushGradients.future(paramserver_pb2.PushGradientsRequest(
         base_version=1, gradients=fp32_grads(ps), learner_id="learner-0"), timeout=0.3)
     with pytest.raises(grpc.RpcError) as gone:
@@ -541,9 +555,9 @@ def test_a_push_whose_caller_went_away_while_it_waited_is_not_applied(start_serv
     assert client.info().version == 1  # only the push whose caller waited for it
 
 
-def test_a_numbered_push_is_applied_once_and_a_resend_gets_its_first_outcome(start_server):
+def test_a_numbered_push_is_applied_once_and_a_resend_gets_its_first_outcome(start_server, raw_stub):
     ps, client = start_server(max_staleness=1)
-    stub = paramserver_pb2_grpc.ParameterServiceStub(client.channel)
+    stub = raw_stub(client)
 
     def push(base, sequence, seed=0):
         return stub.PushGradients(paramserver_pb2.PushGradientsRequest(

@@ -117,9 +117,9 @@ def test_update_with_wrong_key_dtype(replay):
     req = replay_pb2.UpdatePrioritiesRequest()
     tensor_to_proto(np.array([0.0]), req.keys)
     tensor_to_proto(np.array([1.0], np.float32), req.priorities)
-    with pytest.raises(grpc.RpcError) as exc:
+    with pytest.raises(errors.InvalidArgument, match="keys: dtype") as exc:
         r.client._stub.UpdatePriorities(req)
-    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "keys: dtype" in exc.value.details()
+    assert status(exc) == grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.mark.parametrize("batch,beta,message", [

@@ -16,7 +16,7 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amprl import errors
-from amprl.common.grpcutil import wait_until_serving
+from amprl.common.channels import wait_until_serving
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import ReplayConfig
 from amprl.envs.spec import EnvSpec

@@ -25,7 +25,7 @@ PORTS = {"redis-0": 6379, "redis-1": 6380, "replay": 7000, "ps": 50051, "ps_pull
 # training has visibly progressed, then prints what it saw as JSON.
 PROBE = textwrap.dedent("""
     import json, os, sys, time
-    from amprl.common.grpcutil import make_channel
+    from amprl.common.channels import make_channel
     from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, replay_pb2, replay_pb2_grpc
     from amprl.v1 import telemetry_pb2, telemetry_pb2_grpc
     shards = [replay_pb2_grpc.ReplayServiceStub(make_channel(a))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from amprl import errors
-from amprl.common import grpcutil
+from amprl.common import channels, grpcutil
 from amprl.wire.compressed import encode
 from amprl.config import ExperimentConfig
 from amprl.paramserver.client import ParameterClient
@@ -47,7 +47,7 @@ def test_the_pull_port_serves_reads_and_refuses_pushes(paramserver):
     assert ps.pull_port and ps.pull_port != ps.port
     with ParameterClient(f"127.0.0.1:{ps.pull_port}", "actor:a-0") as reader, \
             ParameterClient(f"127.0.0.1:{ps.port}", "learner:l-0") as writer:
-        grpcutil.wait_until_serving(f"127.0.0.1:{ps.pull_port}", timeout_s=10)
+        channels.wait_until_serving(f"127.0.0.1:{ps.pull_port}", timeout_s=10)
         version, weights = reader.pull()
         assert version == 0 and set(weights) == set(ps.store.params)
         with pytest.raises(grpc.RpcError) as denied:
@@ -69,7 +69,7 @@ def test_servers_and_clients_speak_tls_when_a_cert_dir_is_set(paramserver, tmp_p
     monkeypatch.setenv("AMPRL_TLS_SERVER_NAME", "amprl.test")
     ps = paramserver()
     for port in (ps.port, ps.pull_port):
-        grpcutil.wait_until_serving(f"127.0.0.1:{port}", timeout_s=10)
+        channels.wait_until_serving(f"127.0.0.1:{port}", timeout_s=10)
         with ParameterClient(f"127.0.0.1:{port}", "actor:tls", timeout_s=5) as client:
             assert client.pull()[0] == 0
 
@@ -88,4 +88,4 @@ def test_a_missing_certificate_file_is_named(tmp_path, monkeypatch):
     with pytest.raises(errors.ConfigError, match="tls.key"):
         grpcutil.create_server([], host="127.0.0.1", port=0)
     with pytest.raises(errors.ConfigError, match="ca.crt"):
-        grpcutil.make_channel("127.0.0.1:1")
+        channels.make_channel("127.0.0.1:1")
