@@ -37,6 +37,7 @@ from amprl.rl.acting import ActingPolicy, ActingQNetwork, acting_dtype
 from amprl.common.backoff import Backoff
 from amprl.common.supervise import Supervisor
 from amprl.config import ExperimentConfig
+from amprl.core import TransitionSink, WeightSource
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
 from amprl.rl.batch import Batch
@@ -65,7 +66,8 @@ class ActorStats:
 
 
 class Actor:
-    def __init__(self, cfg: ExperimentConfig, spec: EnvSpec, actor_id: str, replay, paramserver):
+    def __init__(self, cfg: ExperimentConfig, spec: EnvSpec, actor_id: str, replay: TransitionSink,
+                 paramserver: WeightSource):
         self.cfg = cfg
         self.spec = spec
         self.actor_id = actor_id

@@ -19,6 +19,7 @@ import torch
 from amprl import errors
 from amprl.rl.exploration import derive_seed
 from amprl.config import ExperimentConfig
+from amprl.core import TransitionSink, WeightSource
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
 from amprl.rl.models import build_model
@@ -57,7 +58,8 @@ def run_episodes(policy, spec: EnvSpec, envs: list, seeds: list[int], epsilon: f
 
 
 class Evaluator:
-    def __init__(self, cfg: ExperimentConfig, spec: EnvSpec, paramserver, replay=None,
+    def __init__(self, cfg: ExperimentConfig, spec: EnvSpec, paramserver: WeightSource,
+                 replay: TransitionSink | None = None,
                  run_dir: str = "", client_id: str = "evaluator"):
         self.cfg = cfg
         self.spec = spec

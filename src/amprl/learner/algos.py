@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from amprl.config import ExperimentConfig
+from amprl.core import Algorithm
 from amprl.rl import dqn, td3
 from amprl.rl.batch import Batch
 from amprl.rl.targets import TargetNetwork, hard_update
@@ -142,7 +143,7 @@ class TD3Algo:
             self.target.maybe_update(self.model, clock)
 
 
-def make_algo(cfg: ExperimentConfig, model: torch.nn.Module, device: torch.device):
+def make_algo(cfg: ExperimentConfig, model: torch.nn.Module, device: torch.device) -> Algorithm:
     if cfg.algo == "dqn":
         return DQNAlgo(cfg, model, device)
     if cfg.algo == "td3":

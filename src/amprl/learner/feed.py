@@ -28,12 +28,13 @@ import numpy as np
 
 from amprl import errors
 from amprl.config import ExperimentConfig
+from amprl.core import BatchSource
 
 log = logging.getLogger(__name__)
 
 
 class ReplayFeed:
-    def __init__(self, cfg: ExperimentConfig, replay, to_tensors: Callable, *, pin: bool,
+    def __init__(self, cfg: ExperimentConfig, replay: BatchSource, to_tensors: Callable, *, pin: bool,
                  stop: threading.Event, updates: Callable[[], int],
                  on_reachable: Callable[[bool], None]):
         """``to_tensors(sampled, pin=...)`` makes a batch of a sampled draw (the

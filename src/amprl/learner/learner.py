@@ -31,6 +31,7 @@ from amprl import errors
 from amprl.common.supervise import Supervisor
 from amprl.wire.compressed import ErrorFeedback
 from amprl.config import ExperimentConfig
+from amprl.core import BatchSource, ParameterServer
 from amprl.envs.spec import EnvSpec
 from amprl.learner.algos import make_algo
 from amprl.learner.feed import ReplayFeed
@@ -87,7 +88,7 @@ class Learner:
     (``feed``: prefetched batches in, priorities out), the weight sync (``weights``) and the
     push window (``pushes``)."""
 
-    def __init__(self, cfg: ExperimentConfig, spec: EnvSpec, replay, paramserver,
+    def __init__(self, cfg: ExperimentConfig, spec: EnvSpec, replay: BatchSource, paramserver: ParameterServer,
                  learner_id: str = "learner-0", device: str | None = None):
         self.cfg = cfg
         self.lcfg = cfg.learner

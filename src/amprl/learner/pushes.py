@@ -37,6 +37,7 @@ import torch
 
 from amprl.wire.compressed import ErrorFeedback
 from amprl.config import ExperimentConfig
+from amprl.core import WeightSink
 from amprl.learner.weights import Swapped, WeightSync
 
 
@@ -44,7 +45,7 @@ class PushWindow:
     """Compresses gradients and sends them as pushes, at most ``size`` calls in flight;
     replies go to the weight sync (``WeightSync.push_done``)."""
 
-    def __init__(self, cfg: ExperimentConfig, paramserver, compressor: ErrorFeedback,
+    def __init__(self, cfg: ExperimentConfig, paramserver: WeightSink, compressor: ErrorFeedback,
                  weights: WeightSync, stats, size: int):
         self.lcfg = cfg.learner
         self.ps = paramserver

@@ -48,6 +48,7 @@ import torch
 
 from amprl import errors
 from amprl.config import ExperimentConfig
+from amprl.core import Algorithm, WeightSource
 from amprl.paramserver.client import reply_weights
 from amprl.rl.optimizer import OptimizerRule
 
@@ -67,7 +68,7 @@ class WeightSync:
     and what push replies mean for the replica (module docstring)."""
 
     def __init__(self, cfg: ExperimentConfig, params: dict[str, torch.nn.Parameter], device: torch.device,
-                 paramserver, algo, stats, stop: threading.Event, compressor,
+                 paramserver: WeightSource, algo: Algorithm, stats, stop: threading.Event, compressor,
                  history: int):
         self.lcfg = cfg.learner
         self.mode = cfg.learner.sync

@@ -24,7 +24,7 @@ import concurrent.futures
 import itertools
 import secrets
 import threading
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import grpc
 import torch
@@ -32,6 +32,7 @@ import torch
 from amprl import errors
 from amprl.common import grpcutil
 from amprl.common.channels import make_channel
+from amprl.core import Pulled
 from amprl.wire.compressed import decode, encoding_value
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
 
@@ -45,16 +46,6 @@ and 32 (the value before) capped such a learner at 32 / 0.3 s = 107 pushes/s."""
 _SERVICE = "amprl.v1.ParameterService"
 RETRIED = [f"{_SERVICE}/PushGradients", f"{_SERVICE}/PullParameters", f"{_SERVICE}/Info"]
 """The calls gRPC repeats on UNAVAILABLE (pushes are numbered, so a resend applies once)."""
-
-
-class Pulled(NamedTuple):
-    """What ``ParameterClient.pull_versioned`` brings."""
-
-    version: int
-    incarnation: int
-    """The server's incarnation (0 from a server too old to say)."""
-    weights: dict[str, torch.Tensor] | None
-    """fp32 tensors by name, in the server's order; None when the caller's were current."""
 
 
 def reply_weights(reply, device: torch.device | str | None = None) -> dict[str, torch.Tensor] | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from dataclasses import dataclass, fields
 from typing import Iterable, Iterator
 
 import grpc
@@ -29,43 +28,10 @@ import numpy as np
 from amprl import errors
 from amprl.common.channels import make_channel
 from amprl.common.grpcutil import DEFAULT_MAX_MESSAGE_BYTES
-from amprl.rl.transitions import Chunk
+from amprl.rl.transitions import Chunk, SampledBatch
 from amprl.v1 import replay_pb2, replay_pb2_grpc
 from amprl.wire.tensors import DTYPES, tensor_from_proto, tensor_to_proto
 from amprl.wire.transitions import chunk_to_proto
-
-
-@dataclass
-class SampledBatch:
-    """A prioritized batch with observations rebuilt (NumPy)."""
-
-    obs: np.ndarray
-    """[B, *obs_shape]: [B, *frame_shape] when frame_stack == 1, else [B, stack, *frame_shape]."""
-    next_obs: np.ndarray
-    """Same layout as obs: the n-step next observations."""
-    actions: np.ndarray
-    """int64 [B] or float32 [B, action_dim]."""
-    rewards: np.ndarray
-    """float32 [B]: n-step returns."""
-    discounts: np.ndarray
-    """float32 [B]: gamma^n, or 0 at termination."""
-    keys: np.ndarray
-    """int64 [B]: pass back to update_priorities."""
-    weights: np.ndarray
-    """float32 [B]: importance weights (N P(i))^-beta / max_j w_j."""
-    probabilities: np.ndarray
-    """float32 [B]: P(i)."""
-    size: int
-    """Transitions in the table when the batch was drawn."""
-
-    def __len__(self) -> int:
-        return int(self.keys.shape[0])
-
-    def split(self, batch_size: int) -> list["SampledBatch"]:
-        """Consecutive sub-batches of ``batch_size`` (views; the last may be shorter)."""
-        return [SampledBatch(*(getattr(self, f.name)[i:i + batch_size] for f in fields(self) if f.name != "size"),
-                             size=self.size)
-                for i in range(0, len(self), batch_size)]
 
 
 def decode_frames(batch: replay_pb2.TransitionBatch) -> np.ndarray:

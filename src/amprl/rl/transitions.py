@@ -1,14 +1,16 @@
-"""The unit of experience an actor sends and replay stores: a chunk of transitions.
+"""The units of experience: the chunk of transitions an actor sends and replay stores,
+and the prioritized batch replay hands a learner.
 
 A chunk holds consecutive transitions of one actor and the distinct frames they are built
 from: observation t is ``frames[obs_idx[t]]`` (``stack`` frames, oldest first), its n-step
 next observation ``frames[next_obs_idx[t]]``. Each frame travels and is stored once, however
-many stacks use it. Its wire format is ``amprl.wire.transitions``.
+many stacks use it. Its wire format is ``amprl.wire.transitions``; a sampled batch arrives
+as ``amprl.v1.SampleResponse`` and ``amprl.replay.client`` rebuilds it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -32,3 +34,36 @@ class Chunk:
 
     def __len__(self) -> int:
         return int(self.rewards.shape[0])
+
+
+@dataclass
+class SampledBatch:
+    """A prioritized batch with observations rebuilt (NumPy)."""
+
+    obs: np.ndarray
+    """[B, *obs_shape]: [B, *frame_shape] when frame_stack == 1, else [B, stack, *frame_shape]."""
+    next_obs: np.ndarray
+    """Same layout as obs: the n-step next observations."""
+    actions: np.ndarray
+    """int64 [B] or float32 [B, action_dim]."""
+    rewards: np.ndarray
+    """float32 [B]: n-step returns."""
+    discounts: np.ndarray
+    """float32 [B]: gamma^n, or 0 at termination."""
+    keys: np.ndarray
+    """int64 [B]: pass back to update_priorities."""
+    weights: np.ndarray
+    """float32 [B]: importance weights (N P(i))^-beta / max_j w_j."""
+    probabilities: np.ndarray
+    """float32 [B]: P(i)."""
+    size: int
+    """Transitions in the table when the batch was drawn."""
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    def split(self, batch_size: int) -> list["SampledBatch"]:
+        """Consecutive sub-batches of ``batch_size`` (views; the last may be shorter)."""
+        return [SampledBatch(*(getattr(self, f.name)[i:i + batch_size] for f in fields(self) if f.name != "size"),
+                             size=self.size)
+                for i in range(0, len(self), batch_size)]
