@@ -1,11 +1,16 @@
 """One factory for the environment suites a config may name.
 
 Classic control and MuJoCo come from gymnasium (MuJoCo needs the ``mujoco`` package),
-Atari from ale-py (``ALE/<Game>-v5``, preprocessed by ``amprl.envs.atari``).
-``check_env_id`` fails with a clear message before any process starts.
+Atari from ale-py (``ALE/<Game>-v5``, preprocessed by ``amprl.envs.atari``). Your own
+environment is ``module:EnvId``, gymnasium's own notation: the module is imported (it
+registers ``EnvId`` with ``gymnasium.register``) in every process that builds the env, so it
+must be importable there (installed, or on PYTHONPATH). ``check_env_id`` fails with a clear
+message before any process starts.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import gymnasium as gym
 import numpy as np
@@ -20,12 +25,27 @@ _INSTALL_HINT = {
 }
 
 
+def registered_id(env_id: str) -> str:
+    """The id gymnasium registered: ``module:EnvId`` imports the module (which registers
+    ``EnvId``) and gives ``EnvId``; any other id is itself."""
+    if ":" not in env_id:
+        return env_id
+    module, name = env_id.split(":", 1)
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"env.id: {env_id!r}: cannot import {module!r} ({exc}); the module that "
+                          f"registers {name!r} must be importable in every process (installed, "
+                          f"or on PYTHONPATH)") from None
+    return name
+
+
 def suite(env_id: str) -> str:
     """"atari" for ALE ids, "mujoco" for gymnasium's MuJoCo tasks, else "gymnasium"."""
     if env_id.startswith("ALE/"):
         return "atari"
     try:
-        entry = gym.spec(env_id).entry_point
+        entry = gym.spec(registered_id(env_id)).entry_point
     except Exception:  # noqa: BLE001 - unknown ids are reported by check_env_id
         return "gymnasium"
     return "mujoco" if isinstance(entry, str) and ".mujoco" in entry else "gymnasium"
@@ -42,7 +62,9 @@ def check_env_id(cfg: EnvConfig) -> None:
                               f"({_INSTALL_HINT['atari']})") from None
         gym.register_envs(ale_py)
     try:
-        spec = gym.spec(cfg.id)
+        spec = gym.spec(registered_id(cfg.id))
+    except ConfigError:
+        raise
     except Exception as exc:  # gymnasium raises several NameNotFound/VersionNotFound types
         raise ConfigError(f"env.id: unknown environment {cfg.id!r} ({exc})") from None
     if isinstance(spec.entry_point, str):
@@ -71,7 +93,7 @@ def make_env(cfg: EnvConfig, seed: int | None = None, *, training: bool = True) 
         kwargs = {}
         if cfg.max_episode_steps:
             kwargs["max_episode_steps"] = cfg.max_episode_steps
-        env = gym.make(cfg.id, **kwargs)
+        env = gym.make(registered_id(cfg.id), **kwargs)
         space = env.observation_space
         if isinstance(space, gym.spaces.Box) and space.dtype == np.float64:
             # MuJoCo observes float64; every service agrees on float32 frames (EnvSpec)
