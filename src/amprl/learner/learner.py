@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 LOG_WINDOW = 50
 """Updates averaged into the reported loss and mean Q."""
+LOG_EVERY_S = 10.0
+"""Seconds between the learner's progress lines in its log."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -77,6 +80,8 @@ class LearnerStats:
     """Times the pulled version was lower than the replica's (server restored a checkpoint)."""
     push_rtt_ms: float = 0.0
     """Moving average of a push's round trip (send to reply)."""
+    staleness: float = 0.0
+    """Moving average of the staleness the server reported for our applied pushes."""
     rebases: int = 0
     """local_replica: times the replica was re-based onto weights from the server."""
     rebase_drift: float = 0.0
@@ -131,6 +136,8 @@ class Learner:
         self._loss_sum = 0.0
         self._q_sum = 0.0
         self._loss_n = 0
+        self.log_every_s = LOG_EVERY_S
+        self._logged = (0.0, 0)  # (monotonic time, updates) of the last progress line
 
     @property
     def version(self) -> int:
@@ -253,8 +260,21 @@ class Learner:
         if self._allowed_cpus and self._update_tid != threading.get_native_id():
             self._update_tid = threading.get_native_id()
             self._pin_threads()
+        self._logged = (time.monotonic(), self.stats.updates)
         while not stop.is_set() and (max_updates is None or self.stats.updates < max_updates):
             self.step(timeout=0.5)
+            if time.monotonic() - self._logged[0] >= self.log_every_s:
+                self._log_progress()
+
+    def _log_progress(self) -> None:
+        """One line of what the learner is doing (what a user watching the log wants)."""
+        now, s = time.monotonic(), self.stats
+        (then, updates), self._logged = self._logged, (now, s.updates)
+        log.info("updates %d (%.0f/s), loss %.4g, Q %.4g, grad norm %.3g, version %d, pushes applied %d, "
+                 "staleness %.2f, stale rejections %d, push errors %d, skipped non-finite %d, replay batches "
+                 "queued %d", s.updates, (s.updates - updates) / max(now - then, 1e-9), s.loss, s.q_mean,
+                 s.grad_norm, self.version, s.pushes_applied, s.staleness, s.stale_rejections,
+                 s.push_errors, s.skipped_nonfinite, self.queue_size)
 
     @property
     def queue_size(self) -> int:

@@ -324,6 +324,7 @@ class WeightSync:
             rtt_ms = (time.monotonic() - sent) * 1e3
             a = 0.1 if self.stats.pushes_applied else 1.0
             self.stats.push_rtt_ms += a * (rtt_ms - self.stats.push_rtt_ms)
+            self.stats.staleness += a * (reply.staleness - self.stats.staleness)
             self.stats.pushes_applied += 1
             self.newest_seen = max(self.newest_seen, reply.version)
             if self.local is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import logging
 import threading
 import time
 
@@ -86,6 +87,19 @@ def test_updates_push_gradients_and_advance_the_version(system):
     while replay.info().priority_updates_total == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert replay.info().priority_updates_total > 0
+
+
+def test_the_learner_logs_a_progress_line_with_its_rates_loss_q_and_staleness(system, caplog):
+    learner, _, _ = system()
+    learner.log_every_s = 0.0  # a line after every update
+    learner.start()
+    with caplog.at_level(logging.INFO, logger="amprl.learner.learner"):
+        _run_updates(learner, 5)
+    learner.stop()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("updates ")]
+    assert len(lines) == 5
+    assert lines[-1].startswith("updates 5 (") and "loss " in lines[-1] and "Q " in lines[-1]
+    assert "staleness " in lines[-1] and "pushes applied " in lines[-1]
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
