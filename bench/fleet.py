@@ -99,14 +99,14 @@ from amprl.common.backoff import Backoff
 from amprl.common.grpcutil import DEFAULT_MAX_MESSAGE_BYTES
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
-from amprl.launch.procs import start_service, stop_services, wait_for_port
+from amprl.launch.procs import Service, spawn, start_service, stop_services, wait_for_port
 from amprl.replay.client import insert_request
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, replay_pb2, replay_pb2_grpc, tensor_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from push import process_cpu_s  # noqa: E402
-from replay import ATARI_SIZE, ReplayProcess, make_chunk, pong_frames  # noqa: E402
+from replay import ATARI_SIZE, make_chunk, pong_frames, start_replay  # noqa: E402
 
 CARTPOLE_CONFIG = ROOT / "configs/cartpole-dqn.yaml"
 ATARI_CONFIG = ROOT / "configs/pong-apex.yaml"
@@ -673,40 +673,34 @@ def run_load_generators(argv: list[str], plans: list[dict], workdir: Path, timeo
                         ) -> tuple[list[dict], str | None]:
     """Runs this script once per plan as load-generator processes (each its own session), all
     at once, for at most ``timeout_s``; returns their JSON lines and, when one failed, why."""
-    procs = []
+    gens: list[Service] = []
     try:
         for plan in plans:
             tag = "".join(f"-{x}" for x in plan.get("phase", ())) + "".join(
                 f"-{c}" for c in plan.get("clients", ()))
-            log_path = workdir / f"load-generator-{plan['role']}{tag}.log"
+            name = f"load-generator-{plan['role']}{tag}"
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-            with open(log_path, "wb") as log:
-                procs.append((log_path, subprocess.Popen(
-                    [sys.executable, str(Path(__file__).resolve()), *argv,
-                     "--load-generator", json.dumps(plan)],
-                    stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env,
-                    start_new_session=True)))
+            gens.append(spawn(name, [sys.executable, str(Path(__file__).resolve()), *argv,
+                                     "--load-generator", json.dumps(plan)],
+                              workdir / f"{name}.log", env, stdout_path=workdir / f"{name}.out"))
         deadline = time.monotonic() + timeout_s
         lines, errors = [], []
-        for log_path, proc in procs:
+        for gen in gens:
             try:
-                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                error = f"load generator exited with {proc.returncode}" if proc.returncode else None
+                code = gen.wait(timeout_s=max(1.0, deadline - time.monotonic()))
+                error = f"load generator exited with {code}" if code else None
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, _ = proc.communicate()
+                gen.kill()
                 error = f"load generator killed after {timeout_s:.0f} s"
-            lines += [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+            out = (workdir / f"{gen.name}.out").read_text(errors="replace")
+            lines += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
             if error:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-                print(f"bench/fleet.py: {error}; {log_path.name} ends:\n" + "\n".join(tail),
+                print(f"bench/fleet.py: {error}; {gen.log_path.name} ends:\n" + gen.log_tail(15),
                       file=sys.stderr)
-                errors.append(f"{log_path.stem}: {error}")
+                errors.append(f"{gen.name}: {error}")
     finally:
-        for _, proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        for gen in gens:
+            gen.kill()  # nothing if it has exited
     return lines, "; ".join(errors) or None
 
 
@@ -859,11 +853,11 @@ def main(argv: list[str] | None = None) -> int:
                 workdir = tmp / "atari"
                 workdir.mkdir()
                 with EmbeddedRedis(workdir / "redis") as redis:
-                    replay = ReplayProcess(workdir, redis.url, ATARI_SPEC, [
+                    replay = start_replay(workdir, redis.url, ATARI_SPEC, [
                         f"replay.capacity={max(capacity, args.atari_transitions)}",
                         "replay.min_size_to_sample=1000", "replay.samples_per_insert=0"])
                     try:
-                        plan = {"role": "atari", "replay": replay.address, "replay_pid": replay.proc.pid,
+                        plan = {"role": "atari", "replay": replay.address, "replay_pid": replay.pid,
                                 "chunk": pong.actor.chunk_transitions, "parent_pid": os.getpid()}
                         lines, error = run_load_generators(argv, [plan], workdir,
                                                           120.0 + args.atari_transitions / 500 + phase_s)
@@ -878,7 +872,7 @@ def main(argv: list[str] | None = None) -> int:
                 (workdir / "logs").mkdir(parents=True)
                 dump_config(pong, workdir / "config.yaml")
                 with EmbeddedRedis(workdir / "redis") as redis:
-                    replay = ReplayProcess(workdir, redis.url, CARTPOLE_SPEC, [
+                    replay = start_replay(workdir, redis.url, CARTPOLE_SPEC, [
                         f"replay.capacity={capacity}", f"replay.min_size_to_sample={rc.min_size_to_sample}",
                         f"replay.samples_per_insert={spi}",
                         f"replay.samples_per_insert_error_buffer={rc.samples_per_insert_error_buffer}"])
@@ -889,8 +883,8 @@ def main(argv: list[str] | None = None) -> int:
                             ["--config", str(workdir / "config.yaml"), "--run-dir", str(workdir),
                              "--host", "127.0.0.1", "--log-level", "WARNING"], workdir / "logs"))
                         wait_for_port(services[0])
-                        plan = {"role": "sweep", "replay": replay.address, "replay_pid": replay.proc.pid,
-                                "paramserver": services[0].address, "paramserver_pid": services[0].proc.pid,
+                        plan = {"role": "sweep", "replay": replay.address, "replay_pid": replay.pid,
+                                "paramserver": services[0].address, "paramserver_pid": services[0].pid,
                                 "config": str(workdir / "config.yaml"),
                                 "chunk": chunk, "chunks_per_call": chunks_per_call,
                                 "grad_encoding": grad_encoding, "refresh_steps": refresh,

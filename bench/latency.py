@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,9 +38,8 @@ import testing_path  # noqa: F401  (amprl_testing on the path)
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
 from amprl.envs.factory import env_spec
-from amprl.launch.procs import start_service, stop_services, wait_for_port
+from amprl.launch.procs import Service, spawn, start_service, stop_services, wait_for_port
 from amprl.learner.learner import Learner
-from amprl_testing.netsim.netns import read_line
 from amprl.paramserver.client import ParameterClient
 from amprl.replay.client import ReplayClient
 from amprl_testing.replay import fill_replay
@@ -50,42 +48,28 @@ ROOT = Path(__file__).resolve().parents[1]
 RTTS_MS = (0, 100, 300)
 
 
-def start_relay(target_port: int, rtt_ms: float, log_path: Path | None = None
-                ) -> tuple[subprocess.Popen, int]:
+def start_relay(target_port: int, rtt_ms: float, log_dir: Path) -> Service:
     """A DelayRelay process on 127.0.0.1:0 -> 127.0.0.1:target_port adding rtt_ms/2 each
-    way; returns (process, listening port). Its own process, so it does not share a GIL
-    with whatever dials it."""
-    err = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, "-m", "amprl_testing.netsim.relay", "--listen", "127.0.0.1:0",
-                             "--target", f"127.0.0.1:{target_port}", "--delay-ms", str(rtt_ms / 2),
-                             "--log-level", "WARNING"],
-                            stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    if log_path:
-        err.close()
+    way, listening (its ``.address``), logging to ``log_dir/relay.log``. Its own process, so
+    it does not share a GIL with whatever dials it."""
+    port_file = log_dir / ".relay.port"
+    relay = spawn("relay", [sys.executable, "-m", "amprl_testing.netsim.relay", "--listen", "127.0.0.1:0",
+                            "--target", f"127.0.0.1:{target_port}", "--delay-ms", str(rtt_ms / 2),
+                            "--log-level", "WARNING", "--port-file", str(port_file)],
+                  log_dir / "relay.log", port_file=port_file)
     try:
-        event = json.loads(read_line(proc, timeout=30))
-    except Exception:
-        stop_relay(proc)
+        wait_for_port(relay, timeout_s=30)
+    except BaseException:
+        relay.stop(timeout_s=5)
         raise
-    return proc, int(event["port"])
-
-
-def stop_relay(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    return relay
 
 
 def measure(cfg, spec, replay_addr: str, ps_port: int, info: ParameterClient, rtt_ms: float,
             seconds: float, log_dir: Path) -> dict:
-    relay, port = start_relay(ps_port, rtt_ms, log_dir / "relay.log")
+    relay = start_relay(ps_port, rtt_ms, log_dir)
     learner = Learner(cfg, spec, ReplayClient(replay_addr),
-                      ParameterClient(f"127.0.0.1:{port}", client_id="learner:bench-latency"),
+                      ParameterClient(relay.address, client_id="learner:bench-latency"),
                       learner_id="bench-latency", device="cpu")
     try:
         learner.start()
@@ -106,7 +90,7 @@ def measure(cfg, spec, replay_addr: str, ps_port: int, info: ParameterClient, rt
         learner._stop.set()
         learner.ps.close()
         learner.replay.close()
-        stop_relay(relay)
+        relay.stop(timeout_s=5)
     return {"updates_per_s": updates / dt, "pushes_per_s": pushes / dt,
             "versions_per_s": versions / dt, "batches_per_push": updates / max(1, pushes),
             "push_rtt_ms": s.push_rtt_ms, "stale_rejections": rejected, "push_errors": s.push_errors,

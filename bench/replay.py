@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,6 +31,7 @@ import numpy as np
 
 from amprl.common.grpcutil import wait_until_serving
 from amprl.common.redis_server import EmbeddedRedis
+from amprl.launch.procs import Service, spawn, wait_for_port
 from amprl.replay.client import ReplayClient, insert_request, sampled_batch_from_proto
 from amprl.rl.transitions import Chunk
 
@@ -107,39 +106,23 @@ def make_chunk(frames: np.ndarray, t: int, stack: int, n_step: int, num_actions:
 
 # -- service process ----------------------------------------------------------------------
 
-class ReplayProcess:
-    def __init__(self, workdir: Path, redis_url: str, spec: dict, sets: list[str]):
-        port_file = workdir / "replay.port"
-        port_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "amprl.replay", "--host", "127.0.0.1", "--port", "0",
-               "--port-file", str(port_file), "--redis-url", redis_url,
-               "--spec-json", json.dumps(spec), "--log-level", "WARNING"]
-        for s in sets:
-            cmd += ["--set", s]
-        self.log = open(workdir / "replay.log", "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        try:  # whatever stops the start (Ctrl-C included) stops the process too
-            deadline = time.monotonic() + 60
-            while not port_file.exists():
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"replay did not start; see {workdir / 'replay.log'}")
-                time.sleep(0.05)
-            self.address = f"127.0.0.1:{int(port_file.read_text())}"
-            wait_until_serving(self.address)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
+def start_replay(workdir: Path, redis_url: str, spec: dict, sets: list[str]) -> Service:
+    """A replay process for the env ``spec`` (with this process's environment), serving;
+    ``.stop()`` it when done."""
+    port_file = workdir / "replay.port"
+    cmd = [sys.executable, "-m", "amprl.replay", "--host", "127.0.0.1", "--port", "0",
+           "--port-file", str(port_file), "--redis-url", redis_url,
+           "--spec-json", json.dumps(spec), "--log-level", "WARNING"]
+    for s in sets:
+        cmd += ["--set", s]
+    replay = spawn("replay", cmd, workdir / "replay.log", port_file=port_file)
+    try:  # whatever stops the start (Ctrl-C included) stops the process too
+        wait_for_port(replay, timeout_s=60)
+        wait_until_serving(replay.address)
+    except BaseException:
+        replay.stop()
+        raise
+    return replay
 
 
 def run_inserts(address: str, requests: list, total_chunks: int, streams: int,
@@ -201,9 +184,9 @@ def bench_cartpole(args, workdir: Path) -> dict:
     spec = {"frame_shape": [4], "frame_dtype": "float32", "frame_stack": 1, "discrete": True,
             "num_actions": 2}
     with EmbeddedRedis(workdir / "redis-cartpole") as redis_server:
-        proc = ReplayProcess(workdir, redis_server.url, spec,
-                             [f"replay.capacity={args.capacity}", "replay.min_size_to_sample=1000",
-                              f"replay.durability={args.durability}"])
+        proc = start_replay(workdir, redis_server.url, spec,
+                            [f"replay.capacity={args.capacity}", "replay.min_size_to_sample=1000",
+                             f"replay.durability={args.durability}"])
         try:
             chunks = args.cartpole_transitions // t
             elapsed = run_inserts(proc.address, requests, chunks, args.streams, args.chunks_per_call)
@@ -230,9 +213,9 @@ def bench_atari(args, workdir: Path) -> dict:
     chunks = args.atari_transitions // t
     capacity = max(args.capacity, chunks * t)  # nothing evicted: bytes/transition is exact
     with EmbeddedRedis(workdir / "redis-atari") as redis_server:
-        proc = ReplayProcess(workdir, redis_server.url, spec,
-                             [f"replay.capacity={capacity}", "replay.min_size_to_sample=1000",
-                              f"replay.durability={args.durability}"])
+        proc = start_replay(workdir, redis_server.url, spec,
+                            [f"replay.capacity={capacity}", "replay.min_size_to_sample=1000",
+                             f"replay.durability={args.durability}"])
         try:
             with ReplayClient(proc.address) as client:
                 before = client.info().redis_used_memory_bytes

@@ -32,7 +32,7 @@ from amprl.launch.run import Progress, evaluate_final_policy
 from amprl.v1 import telemetry_pb2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from latency import start_relay, stop_relay  # noqa: E402 - bench/ is not a package
+from latency import start_relay  # noqa: E402 - bench/ is not a package
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             ps = start("paramserver", "amprl.paramserver")
             wait_for_port(ps)
             ps_addr = ps.address
-            relay, relay_port = start_relay(ps.port, args.rtt_ms, log_dir / "relay.log")
-            learner_ps = f"127.0.0.1:{relay_port}"
+            relay = start_relay(ps.port, args.rtt_ms, log_dir)
+            learner_ps = relay.address
         wait_for_port(replay)
         learner = start("learner", "amprl.learner", ["--replay", replay.address, "--paramserver", learner_ps,
                                                      "--id", "learner-0"])
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             elapsed = time.monotonic() - t0
             dead = [s for s in services if not s.alive()]
             if dead:
-                failure = f"{dead[0].name} died ({dead[0].proc.returncode}):\n{dead[0].log_tail()}"
+                failure = f"{dead[0].name} died ({dead[0].returncode}):\n{dead[0].log_tail()}"
                 reason = "service died"
                 break
             progress.poll()
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.close()
         stop_services(list(reversed(services)))
         if relay is not None:
-            stop_relay(relay)
+            relay.stop(timeout_s=5)
         if redis is not None:
             redis.stop()
     if summary:

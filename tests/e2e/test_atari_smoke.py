@@ -4,21 +4,14 @@ preprocessed Pong frames, inserts into replay, updates, and evaluates the real s
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ale_py")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_pong_apex_starts_inserts_and_updates(tmp_path):
+def test_pong_apex_starts_inserts_and_updates(tmp_path, amprl_run):
     run_dir = tmp_path / "run"
     overrides = ["run.total_env_steps=1500", "replay.min_size_to_sample=200",
                  "replay.samples_per_insert=0", "learner.batch_size=16", "learner.precision=fp32",
@@ -27,16 +20,8 @@ def test_pong_apex_starts_inserts_and_updates(tmp_path):
     args = ["configs/pong-apex.yaml", "--run-dir", str(run_dir), "--progress-interval", "10"]
     for o in overrides:
         args += ["--set", o]
-    proc = subprocess.Popen([sys.executable, "-m", "amprl.cli", "run", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=420)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"amprl run did not finish:\n{out[-4000:]}")
-    assert proc.returncode == 0, out[-4000:]
+    code, out = amprl_run(args, timeout_s=420)
+    assert code == 0, out[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_id"] == "ALE/Pong-v5"
     assert summary["env_steps"] >= 1500

@@ -3,37 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 RANDOM_POLICY_RETURN = -1200.0  # Pendulum-v1, uniform random actions: about -1,200 per episode
 
 
 @pytest.mark.slow
-def test_pendulum_td3_learns_through_the_distributed_system(tmp_path):
+def test_pendulum_td3_learns_through_the_distributed_system(tmp_path, amprl_run):
     run_dir = tmp_path / "run"
     # A step budget, not a wall limit, decides when it stops; stop early at -400, which is
     # far above random (and the wall limit is only a guard for a badly loaded machine).
     args = ["configs/pendulum-td3.yaml", "--run-dir", str(run_dir),
             "--set", "run.total_env_steps=12000", "--set", "run.target_return=-400",
             "--set", "run.max_wall_seconds=150", "--progress-interval", "10"]
-    proc = subprocess.Popen([sys.executable, "-m", "amprl.cli", "run", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=330)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"amprl run did not finish:\n{out[-4000:]}")
-    assert proc.returncode == 0, out[-4000:]
+    code, out = amprl_run(args, timeout_s=330)
+    assert code == 0, out[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["algo"] == "td3"
     assert summary["solved"], out[-4000:]

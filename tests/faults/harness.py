@@ -2,8 +2,9 @@
 
 ``FaultSystem`` starts, on loopback, a redis-server (AOF on, its own folder, a fixed port),
 replay, the parameter server (main and pull ports, checkpoints every 2 s), a learner, an
-evaluator and a CartPole actor, each an OS process in its own process group, configured as
-the chart configures pods (environment variables, fixed ports), so any of them can be
+evaluator and a CartPole actor, each an OS process in its own process group (started and
+stopped by ``amprl.launch.procs``, the supervisor ``amprl run`` uses), configured as the
+chart configures pods (environment variables, fixed ports), so any of them can be
 killed and started again at the same address. Beside them run two ledger keepers:
 
 - ``ledger_insert.py``, an actor that records every chunk replay acknowledged;
@@ -29,7 +30,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,7 +38,7 @@ from pathlib import Path
 import redis as redis_py
 
 from amprl.common.redis_server import redis_server_binary
-from amprl.launch.procs import Service, start_service, wait_for_port
+from amprl.launch.procs import Service, spawn, start_service, stop_together, wait_for_port
 from amprl_testing.netsim.relay import DelayRelay
 from amprl.replay.storage import ReplayStorage
 
@@ -133,9 +133,9 @@ class FaultSystem:
         self.ports = {name: free_port() for name in
                       ("redis", "replay", "paramserver", "pull", "learner", "evaluator", "actor")}
         self.durability = durability
-        self.redis: subprocess.Popen | None = None
+        self.redis: Service | None = None
         self.services: dict[str, Service] = {}
-        self.ledger_procs: dict[str, subprocess.Popen] = {}
+        self.ledger_procs: dict[str, Service] = {}
         self.insert_ledger = root / "inserts.ledger"
         self.push_ledger = root / "pushes.ledger"
         self.excused: set[int] = set()  # chunks a fault may lose by its documented bound
@@ -165,17 +165,15 @@ class FaultSystem:
         argv = [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(self.ports["redis"]),
                 "--dir", str(self.redis_dir), "--appendonly", "yes", "--save", "",
                 "--appendfsync", "everysec", "--auto-aof-rewrite-percentage", "0"]
-        with open(self.logs / "redis.log", "ab") as out:
-            self.redis = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        self.redis = spawn("redis", argv, self.logs / "redis.log")
         deadline = time.monotonic() + 30
         while True:
             try:
                 redis_py.Redis.from_url(self.redis_url, socket_timeout=1).ping()
                 return
             except redis_py.RedisError:
-                if self.redis.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start: {(self.logs / 'redis.log').read_text()[-2000:]}")
+                if not self.redis.alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start: {self.redis.log()[-2000:]}")
                 time.sleep(0.05)
 
     def _env(self, name: str) -> dict[str, str]:
@@ -210,28 +208,18 @@ class FaultSystem:
         for name, script, address, ledger, extra in (
                 ("ledger-insert", "ledger_insert.py", self.replay_relay.address, self.insert_ledger, []),
                 ("ledger-push", "ledger_push.py", self.ps_relay.address, self.push_ledger, pull)):
-            with open(self.logs / f"{name}.log", "ab") as out:
-                self.ledger_procs[name] = subprocess.Popen(
-                    [sys.executable, str(HERE / script), address, str(ledger), *extra],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.ledger_procs[name] = spawn(
+                name, [sys.executable, str(HERE / script), address, str(ledger), *extra],
+                self.logs / f"{name}.log", {**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def close(self) -> None:
-        procs = [p for p in self.ledger_procs.values()]
+        procs = list(self.ledger_procs.values())
         for name in ("actor", "evaluator", "learner", "paramserver", "replay"):
             if name in self.services:
-                procs.append(self.services[name].proc)
+                procs.append(self.services[name])
         if self.redis is not None:
             procs.append(self.redis)
-        for proc in procs:
-            _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait(timeout=5)
+        stop_together(procs, timeout_s=20)
         self.replay_relay.stop()
         self.ps_relay.stop()
 
@@ -281,9 +269,9 @@ class FaultSystem:
 
     def check_alive(self) -> None:
         for name, svc in self.services.items():
-            assert svc.alive(), f"{name} exited with {svc.proc.returncode}:\n{svc.log_tail(40)}"
+            assert svc.alive(), f"{name} exited with {svc.returncode}:\n{svc.log_tail(40)}"
         for name, proc in self.ledger_procs.items():
-            assert proc.poll() is None, f"{name} exited with {proc.returncode}"
+            assert proc.alive(), f"{name} exited with {proc.returncode}"
 
     # -- the ledgers ---------------------------------------------------------------------
 
@@ -393,9 +381,7 @@ class FaultSystem:
 
     def kill(self, name: str) -> FaultResult:
         """``kill -9`` of one service's process group, then the same service started again."""
-        svc = self.services[name]
-        _signal_group(svc.proc, signal.SIGKILL)
-        svc.proc.wait(timeout=10)
+        self.services[name].kill()
         since = time.monotonic()
         self.start_service(name)
         return self._result(since)
@@ -403,9 +389,7 @@ class FaultSystem:
     def kill_paramserver(self) -> FaultResult:
         """As ``kill``; also measures how far versions went back (the checkpoint bound)."""
         before = self.ps_info()
-        svc = self.services["paramserver"]
-        _signal_group(svc.proc, signal.SIGKILL)
-        svc.proc.wait(timeout=10)
+        self.services["paramserver"].kill()
         since = time.monotonic()
         self.start_service("paramserver")
         after = self.ps_info()
@@ -416,14 +400,8 @@ class FaultSystem:
     def sigterm(self, name: str) -> FaultResult:
         """SIGTERM (as Kubernetes stops a pod): the service drains and exits 0, then starts
         again."""
-        svc = self.services[name]
         t0 = time.monotonic()
-        _signal_group(svc.proc, signal.SIGTERM)
-        try:
-            code = svc.proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            _signal_group(svc.proc, signal.SIGKILL)
-            code = svc.proc.wait(timeout=10)
+        code = self.services[name].stop(timeout_s=40)
         stop_s = round(time.monotonic() - t0, 2)
         since = time.monotonic()
         self.start_service(name)
@@ -432,9 +410,8 @@ class FaultSystem:
     def restart_replay(self, durability: str) -> None:
         """Replay stopped (SIGTERM) and started again with another ``replay.durability``."""
         self.durability = durability
-        svc = self.services["replay"]
-        _signal_group(svc.proc, signal.SIGTERM)
-        svc.proc.wait(timeout=40)
+        self.services["replay"].signal(signal.SIGTERM)
+        self.services["replay"].wait(timeout_s=40)
         self.start_service("replay")
 
     def kill_redis(self, cut_tail_s: float = 0.0, wipe: bool = False) -> FaultResult:
@@ -451,8 +428,7 @@ class FaultSystem:
         if cut_tail_s:
             time.sleep(cut_tail_s)
         acked_at_kill = max(self.insert_acks(), default=0)
-        _signal_group(self.redis, signal.SIGKILL)
-        self.redis.wait(timeout=10)
+        self.redis.kill()
         notes = {}
         if cut_tail_s:
             cut = aof.stat().st_size - size_before
@@ -516,16 +492,6 @@ class FaultSystem:
         errors_seen = dict(self.insert_errors(t0))
         messages = [m for m in self.insert_error_messages(t0) if m.startswith("ResourceExhausted")]
         return self._result(since, insert_errors=errors_seen, message=messages[0] if messages else "")
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    if proc.poll() is not None:
-        return
-    for s in ((signal.SIGCONT, sig) if sig == signal.SIGTERM else (sig,)):
-        try:
-            os.killpg(proc.pid, s)
-        except ProcessLookupError:
-            pass
 
 
 def dump(results: dict[str, FaultResult]) -> str:

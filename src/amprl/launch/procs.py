@@ -1,14 +1,25 @@
-"""Child processes of the launcher: one OS process (and process group) per service."""
+"""The process supervisor: how ``amprl run``, the benches and the system and fault tests
+start, watch and stop the processes of a run.
+
+Every child runs in a session, hence a process group, of its own, with stdin closed and its
+output in a log file. It is stopped through that group: SIGCONT (a stopped process cannot
+act on a signal), SIGTERM, then SIGKILL once the grace period is over, so whatever the child
+started in its group goes with it, and nothing is ever looked up or stopped by name. A
+service reports its port in a port file (``--port-file``); ``wait_for_port`` waits for it
+and fails early, with the log's tail, when the process exits first. The CPU priorities of
+``deploy.nice`` are set here too (``set_nice``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -16,27 +27,149 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Service:
+    """One child process in its own process group, with its log file and, once read from
+    its port file, the port it serves on."""
+
     name: str
     proc: subprocess.Popen
     log_path: Path
     port_file: Path | None = None
     port: int = 0
-    stopping: bool = False
-    extra: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        """The child's PID, which is also its process group's id."""
+        return self.proc.pid
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit status (negative: the signal that ended it); None while it runs."""
+        return self.proc.poll()
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def log_tail(self, lines: int = 25) -> str:
+    def wait(self, timeout_s: float | None = None) -> int:
+        """The exit status, once it exits; raises ``subprocess.TimeoutExpired`` after
+        ``timeout_s``."""
+        return self.proc.wait(timeout=timeout_s)
+
+    def log(self) -> str:
+        """Everything it has logged so far ('' before it has written anything)."""
         try:
-            text = self.log_path.read_text(errors="replace").splitlines()
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        return "\n".join(text[-lines:])
+
+    def log_tail(self, lines: int = 25) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def signal(self, sig: int) -> None:
+        """Sends ``sig`` to the process group, SIGCONT first with SIGTERM; nothing once the
+        process has exited."""
+        if self.alive():
+            for s in (signal.SIGCONT, sig) if sig == signal.SIGTERM else (sig,):
+                _signal_group(self.pid, s)
+
+    def kill(self) -> int:
+        """SIGKILL to the process group (a crash, ``kill -9``); returns the exit status."""
+        self.signal(signal.SIGKILL)
+        return self.proc.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM, SIGKILL after ``timeout_s``; returns the exit status."""
+        return stop_together([self], timeout_s)[0]
+
+
+def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None, *,
+          cwd: Path | None = None, port_file: Path | None = None,
+          stdout_path: Path | None = None) -> Service:
+    """Starts ``argv`` in a session of its own with stdin closed, appending its stdout and
+    stderr to ``log_path`` (its stdout to ``stdout_path`` instead, when given: a child that
+    reports its results there). ``env`` is the child's whole environment (None: this
+    process's). ``port_file``, where the child will write its port, is removed first, so
+    that a stale one is never read."""
+    if port_file is not None:
+        port_file.unlink(missing_ok=True)
+    with open(log_path, "ab") as err, \
+            (open(stdout_path, "ab") if stdout_path else contextlib.nullcontext(err)) as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                                cwd=cwd, start_new_session=True)
+    return Service(name, proc, log_path, port_file)
+
+
+def start_service(name: str, module: str, args: list[str], log_dir: Path, env: dict | None = None,
+                  nice: int = 0) -> Service:
+    """Starts the service ``python -m module args --port-file <log_dir>/.<name>.port``
+    (``spawn``), logging to ``<log_dir>/<name>.log``, with this process's environment plus
+    ``env``, ``nice`` steps below this process's CPU priority (``set_nice``)."""
+    port_file = log_dir / f".{name}.port"
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    # Every service sets its own torch thread count; keep NumPy/OpenMP pools from spinning
+    # up one thread per core in each of the ~7 processes sharing the machine.
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    svc = spawn(name, [sys.executable, "-m", module, *args, "--port-file", str(port_file)],
+                log_dir / f"{name}.log", full_env, port_file=port_file)
+    set_nice(svc.pid, nice)
+    return svc
+
+
+def read_port(svc: Service, port_file: Path, timeout_s: float = 120.0) -> int:
+    """The port ``svc`` writes to ``port_file`` once it serves; raises RuntimeError (with
+    the log's tail) if it exits first, TimeoutError if it takes over ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if port_file.exists():
+            text = port_file.read_text().strip()
+            if text:
+                return int(text)
+        if not svc.alive():
+            raise RuntimeError(f"{svc.name} exited with code {svc.returncode} before serving:\n{svc.log_tail()}")
+        time.sleep(0.05)
+    raise TimeoutError(f"{svc.name} did not start serving within {timeout_s:.0f}s:\n{svc.log_tail()}")
+
+
+def wait_for_port(svc: Service, timeout_s: float = 120.0) -> int:
+    """``read_port`` of the service's own port file; also sets ``svc.port``."""
+    if svc.port_file is None:
+        raise ValueError(f"{svc.name} was started without a port file")
+    svc.port = read_port(svc, svc.port_file, timeout_s)
+    return svc.port
+
+
+def stop_together(services: list[Service], timeout_s: float = 15.0) -> list[int]:
+    """Stops them all at once: SIGTERM to every process group, then, for those still
+    running ``timeout_s`` later, SIGKILL. Returns the exit statuses, in order."""
+    for svc in services:
+        svc.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    codes = []
+    for svc in services:
+        try:
+            codes.append(svc.proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            _signal_group(svc.pid, signal.SIGKILL)
+            codes.append(svc.proc.wait(timeout=5))
+    return codes
+
+
+def stop_services(services: list[Service], timeout_s: float = 15.0) -> list[int]:
+    """Stops them one after another, in the order given (clients before the servers they
+    talk to), each as ``Service.stop``. Returns the exit statuses, in order."""
+    return [svc.stop(timeout_s) for svc in services]
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # gone already
 
 
 AUTOGROUP_SWITCH = Path("/proc/sys/kernel/sched_autogroup_enabled")
@@ -63,7 +196,7 @@ def autogroup_nice(pid: int) -> int | None:
 
 def set_nice(pid: int, nice: int) -> None:
     """Lowers the CPU priority of process ``pid`` (started in a session of its own) by
-    ``nice`` below this process's own (``run.nice``; 0 leaves it as is).
+    ``nice`` below this process's own (``deploy.nice``; 0 leaves it as is).
 
     Where the kernel groups each session's tasks (``autogroup``), the scheduler shares the
     CPU between sessions first, by the group's own nice, so a per-process nice alone would
@@ -86,58 +219,3 @@ def set_nice(pid: int, nice: int) -> None:
                 continue  # the thread ended meanwhile
     except OSError as exc:
         log.warning("could not lower the CPU priority of process %d by %d: %s", pid, nice, exc)
-
-
-def start_service(name: str, module: str, args: list[str], log_dir: Path, env: dict | None = None,
-                  nice: int = 0) -> Service:
-    """Starts ``python -m module args`` in its own session (process group), logging to a
-    file, ``nice`` steps below this process's CPU priority (``set_nice``)."""
-    log_path = log_dir / f"{name}.log"
-    port_file = log_dir / f".{name}.port"
-    port_file.unlink(missing_ok=True)
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
-    # Every service sets its own torch thread count; keep NumPy/OpenMP pools from spinning
-    # up one thread per core in each of the ~7 processes sharing the machine.
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    log = open(log_path, "ab")
-    proc = subprocess.Popen([sys.executable, "-m", module, *args, "--port-file", str(port_file)],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=full_env, start_new_session=True)
-    log.close()
-    set_nice(proc.pid, nice)
-    return Service(name, proc, log_path, port_file)
-
-
-def wait_for_port(svc: Service, timeout_s: float = 120.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if svc.port_file and svc.port_file.exists():
-            text = svc.port_file.read_text().strip()
-            if text:
-                svc.port = int(text)
-                return svc.port
-        if not svc.alive():
-            raise RuntimeError(f"{svc.name} exited with code {svc.proc.returncode} before serving:\n{svc.log_tail()}")
-        time.sleep(0.05)
-    raise TimeoutError(f"{svc.name} did not start serving within {timeout_s:.0f}s:\n{svc.log_tail()}")
-
-
-def stop_services(services: list[Service], timeout_s: float = 15.0) -> None:
-    """SIGTERM each service's process group in order, then SIGKILL what remains."""
-    for svc in services:
-        svc.stopping = True
-        if svc.alive():
-            try:
-                os.killpg(svc.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        try:
-            svc.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(svc.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            svc.proc.wait(timeout=5)

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         for svc in [learner, *actors, evaluator]:
             wait_for_port(svc)
         (run_dir / "services.json").write_text(json.dumps(
-            {s.name: {"pid": s.proc.pid, "address": s.address, "log": str(s.log_path)} for s in services}, indent=2))
+            {s.name: {"pid": s.pid, "address": s.address, "log": str(s.log_path)} for s in services}, indent=2))
         progress = Progress(replay.address, ps.address, learner.address, evaluator.address)
         startup = time.monotonic() - t0
         t0, t0_unix = time.monotonic(), time.time()
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             dead = [s for s in services if not s.alive()]
             if dead:
                 s = dead[0]
-                failure = f"service {s.name} died with exit code {s.proc.returncode}; last lines of {s.log_path}:\n{s.log_tail()}"
+                failure = f"service {s.name} died with exit code {s.returncode}; last lines of {s.log_path}:\n{s.log_tail()}"
                 reason = "service died"
                 break
             if interrupted["flag"]:

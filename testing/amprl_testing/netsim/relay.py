@@ -495,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="bandwidth cap per direction and connection, Mbit/s")
     p.add_argument("--max-buffer-bytes", type=int, default=DEFAULT_MAX_BUFFER_BYTES)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--port-file", default="",
+                   help="also write the listening port here, as the AMP-RL services do")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s relay: %(message)s")
@@ -513,6 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(json.dumps({"event": "listening", "host": relay.listen[0], "port": relay.port}),
           flush=True)
+    if args.port_file:
+        from amprl.common.cli import write_port_file
+        write_port_file(args.port_file, relay.port)
     while not stop.wait(3600):
         pass
     log.info("stopping: %s", json.dumps(relay.stats()))

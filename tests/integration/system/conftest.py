@@ -4,7 +4,8 @@
 port + pull port), a learner and an evaluator as OS processes, each configured only through
 the environment, as the chart configures pods. Actors are added and removed by the tests
 (``system.start_actor`` / ``system.stop_actor``). Every process runs in its own process
-group and is stopped by its PID at teardown, whatever happened.
+group (``amprl.launch.procs``, the supervisor ``amprl run`` uses) and is stopped through it
+at teardown, whatever happened.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from amprl.common.redis_server import EmbeddedRedis
+from amprl.launch import procs
+from amprl.launch.procs import Service, read_port, stop_together, wait_for_port
 
 # A CartPole DQN small enough to run beside several actors on two cores. The rate
 # limiter is off (samples_per_insert 0) so actors are never throttled by replay.
@@ -76,79 +78,19 @@ def clean_env(**amprl_vars: str) -> dict[str, str]:
     return env
 
 
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
 def spawn(name: str, subcommand: str, env: dict[str, str], log_dir: Path,
-          args: list[str] | None = None) -> Proc:
-    """``python -m amprl.cli SUBCOMMAND`` in its own process group, logging to a file."""
-    log_path = log_dir / f"{name}.log"
-    with open(log_path, "ab") as log:
-        popen = subprocess.Popen([sys.executable, "-m", "amprl.cli", subcommand, *(args or [])],
-                                 env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    return Proc(name, popen, log_path)
-
-
-def stop(proc: Proc, timeout_s: float = 15.0) -> int:
-    """SIGTERM the process group (SIGCONT first: a stopped process cannot act on it),
-    then SIGKILL what remains; returns the exit code."""
-    return stop_all([proc], timeout_s)[0]
-
-
-def stop_all(procs: list[Proc], timeout_s: float = 15.0) -> list[int]:
-    """``stop`` for several processes at once (they shut down in parallel)."""
-    for proc in procs:
-        if proc.alive():
-            for sig in (signal.SIGCONT, signal.SIGTERM):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-    deadline = time.monotonic() + timeout_s
-    return [_reap(proc, max(0.1, deadline - time.monotonic())) for proc in procs]
-
-
-def _reap(proc: Proc, timeout_s: float) -> int:
-    try:
-        return proc.popen.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return proc.popen.wait(timeout=5)
+          args: list[str] | None = None, port_file: Path | None = None) -> Service:
+    """``python -m amprl.cli SUBCOMMAND`` with exactly ``env``, under the supervisor."""
+    if port_file is not None:
+        args = [*(args or []), "--port-file", str(port_file)]
+    return procs.spawn(name, [sys.executable, "-m", "amprl.cli", subcommand, *(args or [])],
+                       log_dir / f"{name}.log", env, port_file=port_file)
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def read_port(path: Path, proc: Proc, timeout_s: float = 90.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text())
-        if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")
-        time.sleep(0.05)
-    raise TimeoutError(f"{proc.name} did not serve within {timeout_s:.0f}s:\n{proc.log()[-3000:]}")
 
 
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
@@ -233,12 +175,12 @@ class System:
     replay_address: str
     paramserver_address: str
     paramserver_pull_address: str
-    services: dict[str, Proc]
+    services: dict[str, Service]
     ports: dict[str, int]
-    actors: dict[str, Proc] = field(default_factory=dict)
+    actors: dict[str, Service] = field(default_factory=dict)
     cpu: CpuLimit | None = None
 
-    def start_actor(self, actor_id: str) -> Proc:
+    def start_actor(self, actor_id: str) -> Service:
         """An actor started as a pod would be: only environment variables, no flags (its
         status port is fixed in advance, as the chart's containerPort is)."""
         port = free_port()
@@ -254,7 +196,7 @@ class System:
         if self.cpu is not None:
             for proc in procs:
                 self.cpu.remove(proc.pid)
-        return stop_all(procs)
+        return stop_together(procs)
 
     def replay_info(self):
         from amprl.replay.client import ReplayClient
@@ -268,7 +210,7 @@ class System:
 
     def check_alive(self) -> None:
         for name, proc in self.services.items():
-            assert proc.alive(), f"{name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}"
+            assert proc.alive(), f"{name} exited with {proc.returncode}:\n{proc.log()[-3000:]}"
 
 
 @contextlib.contextmanager
@@ -280,29 +222,29 @@ def running_system(root: Path, config_text: str):
     config = root / "experiment.yaml"
     config.write_text(config_text)
     redis = EmbeddedRedis(root / "redis")
-    services: dict[str, Proc] = {}
+    services: dict[str, Service] = {}
     sys_ = None
     try:
         base = dict(AMPRL_CONFIG=str(config), AMPRL_HOST="127.0.0.1", AMPRL_LIVE_WINDOW_S=str(LIVE_WINDOW_S))
         services["replay"] = spawn("replay", "replay", clean_env(**base, AMPRL_REDIS_URL=redis.url),
-                                   logs, ["--port-file", str(logs / "replay.port")])
+                                   logs, port_file=logs / "replay.port")
         services["paramserver"] = spawn(
             "paramserver", "paramserver", clean_env(**base, AMPRL_PULL_PORT="0"), logs,
-            ["--port-file", str(logs / "ps.port"), "--pull-port-file", str(logs / "ps-pull.port")])
-        ports = {"replay": read_port(logs / "replay.port", services["replay"]),
-                 "paramserver": read_port(logs / "ps.port", services["paramserver"]),
-                 "paramserver_pull": read_port(logs / "ps-pull.port", services["paramserver"])}
+            ["--pull-port-file", str(logs / "ps-pull.port")], port_file=logs / "ps.port")
+        ports = {"replay": wait_for_port(services["replay"], 90),
+                 "paramserver": wait_for_port(services["paramserver"], 90),
+                 "paramserver_pull": read_port(services["paramserver"], logs / "ps-pull.port", 90)}
         replay = f"127.0.0.1:{ports['replay']}"
         ps = f"127.0.0.1:{ports['paramserver']}"
         pull = f"127.0.0.1:{ports['paramserver_pull']}"
         services["learner"] = spawn("learner", "learner", clean_env(
             **base, AMPRL_REPLAY_ADDRESS=replay, AMPRL_PARAMSERVER_ADDRESS=ps, AMPRL_ID="learner-0"),
-            logs, ["--port-file", str(logs / "learner.port")])
+            logs, port_file=logs / "learner.port")
         services["evaluator"] = spawn("evaluator", "evaluator", clean_env(
             **base, AMPRL_PARAMSERVER_ADDRESS=pull, AMPRL_ID="evaluator-0",
-            AMPRL_RUN_DIR=str(root / "eval")), logs, ["--port-file", str(logs / "evaluator.port")])
-        ports["learner"] = read_port(logs / "learner.port", services["learner"])
-        ports["evaluator"] = read_port(logs / "evaluator.port", services["evaluator"])
+            AMPRL_RUN_DIR=str(root / "eval")), logs, port_file=logs / "evaluator.port")
+        ports["learner"] = wait_for_port(services["learner"], 90)
+        ports["evaluator"] = wait_for_port(services["evaluator"], 90)
         sys_ = System(root, dict(AMPRL_CONFIG=str(config), AMPRL_REPLAY_ADDRESS=replay,
                                  AMPRL_PARAMSERVER_ADDRESS=pull),
                       replay, ps, pull, services, ports, cpu=CpuLimit())
@@ -310,10 +252,10 @@ def running_system(root: Path, config_text: str):
     finally:
         if sys_ is not None:
             sys_.cpu.close()
-            stop_all(list(sys_.actors.values()))
+            stop_together(list(sys_.actors.values()))
         # Clients first, then the servers they talk to, each group in parallel.
-        stop_all([services[n] for n in ("evaluator", "learner") if n in services])
-        stop_all([services[n] for n in ("paramserver", "replay") if n in services])
+        stop_together([services[n] for n in ("evaluator", "learner") if n in services])
+        stop_together([services[n] for n in ("paramserver", "replay") if n in services])
         redis.stop()
 
 
