@@ -2,20 +2,17 @@
 
 The actor feeds ``NStepChunker.step`` once per batched env step with the NEWEST frame of
 each env (the whole observation when ``frame_stack == 1``); the chunker keeps the frame
-stacks, the n-step windows and a log of recent frames, and hands back ``Chunk``s of
+stacks, the n-step windows, a log of recent frames (``actor/framelog.py``) and the
+completed transitions (``actor/completed.py``), and hands back ``Chunk``s of
 ``chunk_transitions`` transitions, each carrying the distinct frames its stacks use (frames
 from before the chunk are copied in, so every chunk stands alone in replay).
 
-Per transition starting at step t of an episode (Sutton & Barto ch. 7; Ape-X):
-
-    reward   = sum_{k<K} gamma^k r_{t+k}          K = min(n, steps left in the episode)
-    discount = 0 if the episode TERMINATED within the K steps, else gamma^K
-    next_obs = the observation after step t+K-1 (the final observation at an episode end)
-
-so a time-limit truncation bootstraps from its final observation with gamma^K, and at an
-episode end every pending transition is flushed with K < n steps. A new episode's first
-stack repeats its first frame ``frame_stack`` times (the index repeats; the frame is
-stored once).
+Each transition's reward and discount are its n-step return and bootstrap discount
+(``rl/returns.py``: K = min(n, steps left in the episode) steps, discount 0 after a
+termination, gamma^K otherwise); its next_obs is the observation after step t+K-1 (the
+final observation at an episode end). At an episode end every pending transition is
+flushed with K < n steps. A new episode's first stack repeats its first frame
+``frame_stack`` times (the index repeats; the frame is stored once).
 
 Episode ends follow gymnasium's SAME_STEP autoreset: the step that ends an episode reports
 the final frame and the first frame of the next episode together (``next_frames`` and
@@ -43,6 +40,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from amprl.actor.completed import CompletedTransitions
+from amprl.actor.framelog import FrameLog
+from amprl.rl.returns import discount_powers, full_window_weights, short_window_weights, suffix_returns
 from amprl.rl.transitions import Chunk
 
 
@@ -81,20 +81,9 @@ class NStepChunker:
         self.frame_stack = int(frame_stack)
         self.chunk_transitions = int(chunk_transitions)
         n = self.n_step
-        self._gpow = self.gamma ** np.arange(n + 1, dtype=np.float64)
-        # _slot_weights[s] weighs the reward ring when step t has just been written into
-        # slot s = t % n: the oldest slot (s + 1) % n gets gamma^0, slot s gets gamma^(n-1).
-        self._slot_weights = np.zeros((n, n), dtype=np.float64)
-        for s in range(n):
-            for k in range(n):
-                self._slot_weights[s, (s + 1 + k) % n] = self._gpow[k]
-        # _ret_weights[s][:, k]: weights of the ring for the return of the k+1 steps ending
-        # at the step just written into slot s (used when episodes end).
-        self._ret_weights = np.zeros((n, n, n), dtype=np.float64)
-        for s in range(n):
-            for k in range(n):
-                for m in range(k + 1):
-                    self._ret_weights[s, (s - k + m) % n, k] = self._gpow[m]
+        self._gpow = discount_powers(self.gamma, n)
+        self._slot_weights = full_window_weights(self.gamma, n)  # [slot of t]: window t-n+1..t
+        self._ret_weights = short_window_weights(self.gamma, n)  # [slot of t][:, k]: t-k..t
         self._env_range = np.arange(self.num_envs, dtype=np.int64)
         self._all = slice(None)  # _push: every env
         self._k_short = np.arange(n - 1, dtype=np.int64)
@@ -128,11 +117,11 @@ class NStepChunker:
             raise ValueError(f"frames: {frames.shape[0]} rows, expected num_envs ({self.num_envs})")
         if not self._started:
             self._allocate(frames)
-        elif frames.shape[1:] != self.frame_shape:
-            raise ValueError(f"frames: frame shape {frames.shape[1:]}, expected {self.frame_shape}")
+        elif frames.shape[1:] != self._log.frame_shape:
+            raise ValueError(f"frames: frame shape {frames.shape[1:]}, expected {self._log.frame_shape}")
         elif self._scored:
-            self._o_count = self._o_scored
-        ids = self._append(frames)
+            self._completed.drop_unscored()
+        ids = self._log.append(frames, self._oldest_live)
         self._stack = np.repeat(ids[:, None], self.frame_stack, axis=1)
         self._r_obs[:] = self._stack[:, None, :]
         self._ep_start[:] = self._t
@@ -142,9 +131,7 @@ class NStepChunker:
     def observations(self) -> np.ndarray:
         """The current observations ``[N, *obs_shape]`` (stacked, oldest frame first)."""
         self._require_started()
-        if self.frame_stack == 1:
-            return self._log[self._stack[:, 0] - self._base]
-        return self._log[self._stack - self._base]
+        return self._log.get(self._stack[:, 0] if self.frame_stack == 1 else self._stack)
 
     def step(self, actions, rewards, terminated, truncated, next_frames,
              reset_frames=None) -> list[Chunk]:
@@ -163,7 +150,7 @@ class NStepChunker:
         self._record(actions, rewards, terminated, truncated, terminated | truncated, next_frames,
                      reset_frames)
         out = []
-        while self._o_count >= self.chunk_transitions:
+        while self._completed.count >= self.chunk_transitions:
             out.append(self._make_chunk(self.chunk_transitions))
         return out
 
@@ -188,15 +175,11 @@ class NStepChunker:
         self._require_started()
         # The transitions completed by the previous call bootstrap from the observations
         # acted on now: their values arrive with this call.
-        c0, c = self._o_scored, self._o_count
-        if c > c0:
-            wait = self._o_wait[c0:c]
-            rows = np.flatnonzero(wait >= 0)
-            self._o_v[c0 + rows] = np.asarray(values, dtype=np.float32)[wait[rows]]
-        self._o_scored = c
+        self._completed.receive_values(values)
         out = []
-        while self._o_scored >= self.chunk_transitions:
-            out.append(self._make_scored_chunk(self.chunk_transitions))
+        while self._completed.scored >= self.chunk_transitions:
+            td = self._completed.td_abs(self.chunk_transitions)
+            out.append((self._make_chunk(self.chunk_transitions), td))
         terminated = np.asarray(terminated, dtype=bool)
         truncated = np.asarray(truncated, dtype=bool)
         done = terminated | truncated
@@ -223,7 +206,7 @@ class NStepChunker:
         final = np.asarray(next_frames)[rows]
         if self.frame_stack == 1:
             return final
-        return np.concatenate((self._log[self._stack[rows, 1:] - self._base], final[:, None]), axis=1)
+        return np.concatenate((self._log.get(self._stack[rows, 1:]), final[:, None]), axis=1)
 
     def _record(self, actions, rewards, terminated, truncated, done, next_frames,
                 reset_frames) -> None:
@@ -242,7 +225,7 @@ class NStepChunker:
         self._r_rew[:, s] = rewards
         if self._scored:
             self._r_q[:, s] = self._step_q
-        ids = self._append(next_frames)
+        ids = self._log.append(next_frames, self._oldest_live)
         if self.frame_stack == 1:
             next_stack = ids[:, None]
         else:
@@ -277,7 +260,7 @@ class NStepChunker:
                 g = self._r_rew @ self._ret_weights[s]  # [N, n]: g[:, k] spans steps t-k..t
                 disc = np.where(terminated[e], 0.0, self._gpow[k + 1])
                 self._push(e, (t - k) % n, g[e, k], disc, next_stack[e])
-            rid = self._append(np.asarray(reset_frames)[ended])
+            rid = self._log.append(np.asarray(reset_frames)[ended], self._oldest_live)
             next_stack[ended] = rid[:, None]
             self._ep_start[ended] = t + 1
             self._latest_start = t + 1
@@ -304,14 +287,14 @@ class NStepChunker:
                     self._flush_env(i, t_last, False, self._stack[i], start=start)
             self._ep_start[:] = self._t
             self._latest_start = self._t
-        if not self._started or self._o_count == 0:
+        if not self._started or self._completed.count == 0:
             return None
-        return self._make_chunk(self._o_count)
+        return self._make_chunk(self._completed.count)
 
     @property
     def pending_transitions(self) -> int:
         """Completed transitions waiting for the next chunk."""
-        return self._o_count if self._started else 0
+        return self._completed.count if self._started else 0
 
     # ---------------------------------------------------------------- internals
 
@@ -327,14 +310,9 @@ class NStepChunker:
 
     def _allocate(self, frames: np.ndarray) -> None:
         N, n, S, T = self.num_envs, self.n_step, self.frame_stack, self.chunk_transitions
-        self.frame_shape = tuple(frames.shape[1:])
-        self.frame_dtype = frames.dtype
         # Frames alive at once: each env's last n + S steps, plus the frames of up to T
         # completed transitions awaiting their chunk; 4x that keeps compaction rare.
-        cap = 4 * (T * 2 + N * (n + S + 2))
-        self._log = np.empty((cap, *self.frame_shape), dtype=self.frame_dtype)
-        self._base = 0    # global id of _log[0]
-        self._len = 0     # rows of _log in use
+        self._log = FrameLog(frames.shape[1:], frames.dtype, 4 * (T * 2 + N * (n + S + 2)), N)
         self._t = 0       # batched steps taken
         self._stack = np.zeros((N, S), dtype=np.int64)
         self._ep_start = np.zeros(N, dtype=np.int64)
@@ -345,19 +323,7 @@ class NStepChunker:
         self._r_q = np.zeros((N, n), dtype=np.float32)  # step_scored: Q(s_t, a_t)
         self._r_obs_flat = self._r_obs.reshape(N * n, S)  # views, row = env * n + slot
         self._r_q_flat = self._r_q.reshape(N * n)
-        ocap = T + N * n  # at most N * n transitions per step
-        self._o_obs = np.zeros((ocap, S), dtype=np.int64)
-        self._o_next = np.zeros((ocap, S), dtype=np.int64)
-        self._o_rew = np.zeros(ocap, dtype=np.float64)
-        self._o_disc = np.zeros(ocap, dtype=np.float64)
-        self._o_act: np.ndarray | None = None
-        self._o_count = 0
-        # step_scored: Q(obs, action), V(next_obs), and the env whose next acting pass brings
-        # V(next_obs) (-1: known already); transitions before _o_scored have their V.
-        self._o_q = np.zeros(ocap, dtype=np.float32)
-        self._o_v = np.zeros(ocap, dtype=np.float32)
-        self._o_wait = np.full(ocap, -1, dtype=np.int64)
-        self._o_scored = 0
+        self._completed = CompletedTransitions(T + N * n, S)  # at most N * n per step
         self._zeros_v = np.zeros(N, dtype=np.float32)
         self._step_q = self._zeros_v
         self._step_v = self._zeros_v
@@ -369,45 +335,18 @@ class NStepChunker:
         shape = tuple(a.shape[1:])
         self._r_act = np.zeros((self.num_envs, self.n_step, *shape), dtype=dtype)
         self._r_act_flat = self._r_act.reshape(self.num_envs * self.n_step, *shape)
-        self._o_act = np.zeros((self._o_obs.shape[0], *shape), dtype=dtype)
+        self._completed.allocate_actions(shape, dtype)
 
-    def _append(self, frames: np.ndarray) -> np.ndarray:
-        m = frames.shape[0]
-        if self._len + m > self._log.shape[0]:
-            self._compact(m)
-        start = self._len
-        self._log[start:start + m] = frames
-        self._len = start + m
-        first = self._base + start
-        if m == self.num_envs:
-            return self._env_range + first
-        return np.arange(first, first + m, dtype=np.int64)
-
-    def _compact(self, incoming: int) -> None:
-        """Drops frames no pending or completed transition can still reference."""
-        live = [self._stack.min()] if self._started else []
-        if self._started:
-            live.append(self._r_obs.min())
-        if self._o_count:
-            live.append(self._o_obs[:self._o_count].min())
-        keep_from = (min(int(x) for x in live) if live else self._base + self._len) - self._base
-        keep = self._len - keep_from
-        cap = self._log.shape[0]
-        if keep + incoming > cap // 2:  # grow, so compaction stays amortised O(1) per frame
-            new = np.empty((max(2 * cap, 2 * (keep + incoming)), *self.frame_shape),
-                           dtype=self.frame_dtype)
-            new[:keep] = self._log[keep_from:self._len]
-            self._log = new
-        elif keep:
-            self._log[:keep] = self._log[keep_from:self._len]
-        self._base += keep_from
-        self._len = keep
+    def _oldest_live(self) -> int:
+        """The oldest frame id a stack, a pending window or a completed transition uses."""
+        live = [self._stack.min(), self._r_obs.min()] if self._started else []
+        if self._completed.count:
+            live.append(self._completed.oldest_frame())
+        return min(int(x) for x in live) if live else self._log.end()
 
     def _push(self, envs, slots, rets, disc, next_ids) -> None:
         """Completes the transitions of ``envs`` (indices, or ``_all``) that start in ring
         ``slots`` (one slot, or one per env)."""
-        c = self._o_count
-        k = rets.shape[0]
         if envs is not self._all:
             # one flat gather per ring: cheaper than indexing with two arrays
             slots = envs * self.n_step + slots
@@ -415,16 +354,8 @@ class NStepChunker:
         else:
             rings = (self._r_obs, self._r_act, self._r_q)
             slots = (self._all, slots)
-        self._o_obs[c:c + k] = rings[0][slots]
-        self._o_act[c:c + k] = rings[1][slots]
-        self._o_rew[c:c + k] = rets
-        self._o_disc[c:c + k] = disc
-        self._o_next[c:c + k] = next_ids
-        if self._scored:
-            self._o_q[c:c + k] = rings[2][slots]
-            self._o_v[c:c + k] = self._step_v[envs]
-            self._o_wait[c:c + k] = self._step_wait[envs]
-        self._o_count = c + k
+        scores = (rings[2][slots], self._step_v[envs], self._step_wait[envs]) if self._scored else None
+        self._completed.add(rings[0][slots], rings[1][slots], rets, disc, next_ids, scores)
 
     def _flush_env(self, i: int, t: int, terminated: bool, next_ids: np.ndarray,
                    start: int | None = None) -> None:
@@ -432,14 +363,8 @@ class NStepChunker:
         n = self.n_step
         if start is None:
             start = max(t - n + 1, int(self._ep_start[i]))
-        steps = range(start, t + 1)
-        slots = [j % n for j in steps]
-        rew = self._r_rew[i, slots]
-        rets = np.empty(len(slots), dtype=np.float64)
-        g = 0.0
-        for k in range(len(slots) - 1, -1, -1):
-            g = rew[k] + self.gamma * g
-            rets[k] = g
+        slots = [j % n for j in range(start, t + 1)]
+        rets = suffix_returns(self._r_rew[i, slots], self.gamma)
         if terminated:
             disc = np.zeros(len(slots))
         else:
@@ -448,38 +373,8 @@ class NStepChunker:
                    np.broadcast_to(next_ids, (len(slots), self.frame_stack)))
 
     def _make_chunk(self, T: int) -> Chunk:
-        S = self.frame_stack
-        # Distinct frame ids in order, and each id's rank among them: ids live in the small
-        # window of the frame log, so a mark-and-count over that window beats a sort.
-        rel = np.concatenate((self._o_obs[:T].ravel(), self._o_next[:T].ravel())) - self._base
-        mark = np.zeros(self._len, dtype=np.int32)
-        mark[rel] = 1
-        used = np.flatnonzero(mark)
-        np.cumsum(mark, out=mark)
-        inv = (mark[rel] - 1).reshape(2, T, S)
-        chunk = Chunk(
-            frames=self._log[used],
-            obs_idx=inv[0],
-            next_obs_idx=inv[1],
-            actions=self._o_act[:T].copy(),
-            rewards=self._o_rew[:T].astype(np.float32),
-            discounts=self._o_disc[:T].astype(np.float32),
-        )
-        rest = self._o_count - T
-        if rest:
-            for a in (self._o_obs, self._o_next, self._o_act, self._o_rew, self._o_disc,
-                      self._o_q, self._o_v, self._o_wait):
-                a[:rest] = a[T:T + rest]
-        self._o_count = rest
-        self._o_scored = max(self._o_scored - T, 0)
         self.transitions_emitted += T
-        return chunk
-
-    def _make_scored_chunk(self, T: int) -> tuple[Chunk, np.ndarray]:
-        # float32, as the learner computes its TD errors from the chunk's float32 fields
-        td = np.abs(self._o_rew[:T].astype(np.float32) + self._o_disc[:T].astype(np.float32)
-                    * self._o_v[:T] - self._o_q[:T])
-        return self._make_chunk(T), td
+        return self._completed.take(T, self._log)
 
 
 def same_step_frames(obs: np.ndarray, terminated, truncated, info: dict
