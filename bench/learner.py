@@ -35,18 +35,18 @@ On CUDA (``--device``, default: CUDA when present) it also records the peak GPU 
 allocated by each loop (``<case>_<precision>_peak_mem_mib`` for the learner,
 ``..._plain_peak_mem_mib`` for the plain loop).
 
-The services and Redis run at the CPU priority ``amprl run`` gives them (``run.nice``,
-default: 19 steps below the learner; ``--set run.nice.replay=0`` etc. for equal ones): on
+The services and Redis run at the CPU priority ``amprl run`` gives them (``deploy.nice``,
+default: 19 steps below the learner; ``--set deploy.nice.replay=0`` etc. for equal ones): on
 2 shared cores the update thread then waits ~0.13 ms per MLP update for a core instead of
 ~0.4-0.5 ms (docs/tuning.md, "Who gets the core first").
 
 ``--pin`` gives the learner's update thread (and the plain loop) CPU 0 alone
-(``learner.pin_update_thread``) and moves the learner's other threads, replay, the
+(``deploy.pin_learner_update_thread``) and moves the learner's other threads, replay, the
 parameter server and Redis to the other CPUs, as when the learner has a core of its own (a
 learner pod with dedicated cores under Kubernetes' static CPU manager; the services on other
 hosts or cores): on a shared pair of cores at equal priority the update thread otherwise
 waited ~1 ms per MLP update for a core that a service or helper took (``runqueue_wait``;
-~0.13 ms at ``run.nice``'s default).
+~0.13 ms at ``deploy.nice``'s default).
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def learner_loop(cfg, spec, replay_addr, ps_addr, seconds: float, device: torch.
 
 def pin(services, redis, cpus: list[int]) -> None:
     """The service processes and Redis on all of ``cpus`` but the first (the learner's
-    update thread pins itself to that one: ``learner.pin_update_thread``)."""
+    update thread pins itself to that one: ``deploy.pin_learner_update_thread``)."""
     for pid in [s.proc.pid for s in services] + [redis.pid]:
         for tid in os.listdir(f"/proc/{pid}/task"):  # affinity is per thread
             os.sched_setaffinity(int(tid), set(cpus[1:]))
@@ -252,15 +252,15 @@ def main() -> int:
                     cfg = load_config(ROOT / experiment, overrides + [
                         f"learner.precision={precision}", "replay.samples_per_insert=0",
                         "replay.min_size_to_sample=1000", "paramserver.checkpoint_interval_s=0"]
-                        + (["learner.pin_update_thread=true"] if args.pin else []) + args.overrides)
+                        + (["deploy.pin_learner_update_thread=true"] if args.pin else []) + args.overrides)
                     spec = env_spec(cfg.env)
                     run_dir = tmp / f"{case}-{precision}"
                     (run_dir / "logs").mkdir(parents=True)
                     dump_config(cfg, run_dir / "config.yaml")
                     common = ["--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
                     redis_py.Redis.from_url(redis.url).flushall()
-                    # CPU priorities as `amprl run` sets them (run.nice): the learner first
-                    nice = cfg.run.nice
+                    # CPU priorities as `amprl run` sets them (deploy.nice): the learner first
+                    nice = cfg.deploy.nice
                     results["nice"] = {"replay": nice.replay, "paramserver": nice.paramserver, "redis": nice.redis}
                     set_nice(redis.pid, nice.redis)
                     services = [start_service("replay", "amprl.replay", common + ["--redis-url", redis.url],

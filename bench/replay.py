@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from amprl.common.grpcutil import wait_until_serving
+from amprl.common.channels import wait_until_serving
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.launch.procs import Service, spawn, wait_for_port
 from amprl.replay.client import ReplayClient, insert_request, sampled_batch_from_proto

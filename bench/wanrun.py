@@ -55,14 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     t_start = time.monotonic()
 
-    def start(name, module, extra=()):  # at the CPU priority amprl run gives it (run.nice)
-        svc = start_service(name, module, [*common, *extra], log_dir, nice=cfg.run.nice.of(name))
+    def start(name, module, extra=()):  # at the CPU priority amprl run gives it (deploy.nice)
+        svc = start_service(name, module, [*common, *extra], log_dir, nice=cfg.deploy.nice.of(name))
         services.append(svc)
         return svc
 
     try:
         redis = EmbeddedRedis(run_dir / "redis")
-        set_nice(redis.pid, cfg.run.nice.redis)
+        set_nice(redis.pid, cfg.deploy.nice.redis)
         replay = start("replay", "amprl.replay", ["--redis-url", redis.url])
         if args.paramserver:
             ps_addr = learner_ps = args.paramserver

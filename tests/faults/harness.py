@@ -72,7 +72,6 @@ learner:
   batch_size: 32
   precision: fp32
   device: cpu
-  torch_threads: 1
   prefetch_batches: 2
 paramserver:
   checkpoint_interval_s: {CHECKPOINT_INTERVAL_S}
@@ -80,7 +79,6 @@ actor:
   envs_per_actor: 1
   chunk_transitions: 32
   weight_refresh_steps: 200
-  torch_threads: 1
 evaluator:
   interval_s: 2.0
   episodes: 1

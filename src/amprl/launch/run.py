@@ -49,7 +49,7 @@ class Progress:
     """Polls every service's Info and keeps the figures the progress line and summary need."""
 
     def __init__(self, replay_addr: str, ps_addr: str, learner_addr: str, evaluator_addr: str):
-        from amprl.common.grpcutil import make_channel
+        from amprl.common.channels import make_channel
         from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, replay_pb2, replay_pb2_grpc
         from amprl.v1 import telemetry_pb2, telemetry_pb2_grpc
         self._pb = (replay_pb2, paramserver_pb2, telemetry_pb2)
@@ -78,7 +78,7 @@ class Progress:
         for call, req, on in calls:
             try:
                 on(call(req, timeout=2.0))
-            except grpc.RpcError:
+            except (errors.AmprlError, grpc.RpcError):
                 pass  # a service that is (re)starting; its death is detected by the process check
         now = time.monotonic()
         self._rate_window.append((now, self.env_steps, self.updates))
@@ -173,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             # run's replay; replay gets it in its environment, not on its command line
             redis = EmbeddedRedis(run_dir / "redis", password=secrets.token_urlsafe(24))
             redis_url = redis.url
-            set_nice(redis.pid, cfg.run.nice.redis)
+            set_nice(redis.pid, cfg.deploy.nice.redis)
         common = ["--config", str(config_file), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
 
         def start(name, module, extra=(), env=None):
-            svc = start_service(name, module, [*common, *extra], log_dir, env, nice=cfg.run.nice.of(name))
+            svc = start_service(name, module, [*common, *extra], log_dir, env, nice=cfg.deploy.nice.of(name))
             services.append(svc)
             return svc
 

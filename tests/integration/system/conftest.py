@@ -47,7 +47,6 @@ learner:
   batch_size: 32
   precision: fp32
   device: cpu
-  torch_threads: 1
   prefetch_batches: 2
 paramserver:
   checkpoint_interval_s: 0
@@ -55,7 +54,6 @@ actor:
   envs_per_actor: 2
   chunk_transitions: 32
   weight_refresh_steps: 200
-  torch_threads: 1
 evaluator:
   interval_s: 1.0
   episodes: 2
