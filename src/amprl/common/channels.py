@@ -58,7 +58,10 @@ def mapped(exc: grpc.RpcError) -> Exception:
         return errors.InvalidArgument(details)
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         version = None
-        for key, value in (exc.trailing_metadata() or ()):
+        # types-grpcio types each entry as an object without iteration; it is a (key, value) tuple
+        trailing: tuple[tuple[str, str | bytes], ...] = (
+            exc.trailing_metadata() or ())  # type: ignore[assignment]
+        for key, value in trailing:
             if key == "amprl-current-version":
                 version = int(value)
         return errors.FailedPrecondition(details, current_version=version)
@@ -168,7 +171,7 @@ def make_channel(address: str, *, retry: Iterable[str] = (),
     otherwise; ``tls_server_name`` overrides AMPRL_TLS_SERVER_NAME.
     """
     retry = list(retry)
-    options = message_limits(max_message_bytes) + KEEPALIVE + [
+    options: list[tuple[str, Any]] = message_limits(max_message_bytes) + KEEPALIVE + [
         ("grpc.enable_retries", 1),
         # a request is kept for a retry only while it fits these buffers (a push of a
         # whole fp32 gradient must, or it would be sent once only)
@@ -191,7 +194,9 @@ def wait_until_serving(address: str, timeout_s: float = 30.0) -> None:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
             try:
-                r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                # types-grpcio-health-checking's HealthStub lacks the generated methods
+                r = stub.Check(  # type: ignore[attr-defined]
+                    health_pb2.HealthCheckRequest(service=""), timeout=1.0)
                 if r.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except (errors.AmprlError, grpc.RpcError):

@@ -40,7 +40,8 @@ def check(port: int, service: str = "", timeout_s: float = 3.0, host: str = "127
     """Returns "" when ``host:port`` reports SERVING for ``service``, else the reason."""
     try:
         with _channel(f"{host}:{port}") as channel:
-            response = health_pb2_grpc.HealthStub(channel).Check(
+            # types-grpcio-health-checking's HealthStub lacks the generated methods
+            response = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
     except (errors.AmprlError, grpc.RpcError, OSError, ValueError) as exc:
         rpc = exc if isinstance(exc, grpc.RpcError) else exc.__cause__

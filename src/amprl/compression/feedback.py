@@ -186,8 +186,10 @@ class ErrorFeedback:
             parts = []
             for (name, g) in items:
                 r = self.residuals.get(name)
-                ok = r is not None and r.shape == g.shape and r.device == g.device
-                parts.append(r.reshape(-1) if ok else torch.zeros(g.numel(), device=device))
+                if r is not None and r.shape == g.shape and r.device == g.device:
+                    parts.append(r.reshape(-1))
+                else:
+                    parts.append(torch.zeros(g.numel(), device=device))
             flat_r = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
             views = [v.view(s) for v, s in zip(flat_r.split(sizes), shapes)]
             self.residuals.update(zip(names, views))

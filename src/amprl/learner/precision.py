@@ -34,6 +34,7 @@ class Precision:
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:
+            assert self._handle is not None  # made with the scaler
             self.scaler.scale(loss).backward()
             self.scaler.unscale_(self._handle)  # grads are true gradients from here on
         else:

@@ -106,6 +106,7 @@ class WeightSync:
     def start(self, seq: int) -> None:
         """Pulls the initial weights (blocking) and loads them."""
         version, weights = self.ps.pull(have_version=0, timeout=60.0)
+        assert weights is not None  # have_version 0 means none held: weights always come
         self.load(version, weights)
         if self.local is not None:
             self.rebase(version, weights, anchor_seq=None, seq=seq)
@@ -237,6 +238,7 @@ class WeightSync:
         record = record or self.pending is not None
         before = {name: self._params[name].detach().clone() for name in grads} if record else None
         # the server's rule, stepping the replica's own weights in place
+        assert self.local is not None  # called in local_replica mode only
         self.local.step(grads, self.version,
                         preconditioned={m.name for m in msgs if m.preconditioned})
         if before is not None:

@@ -36,7 +36,7 @@ def with_tensors(head: message_types.Message, field: int, tensors: list[bytes]) 
     repeated message field is one (tag, varint length, bytes) record per element, and
     records may come in any order."""
     assert field < 16  # a one-byte tag
-    parts = [head.SerializeToString()]
+    parts: list[bytes | bytearray] = [head.SerializeToString()]
     for tensor in tensors:
         prefix = bytearray([field << 3 | 2])  # wire type 2: length-delimited
         n = len(tensor)
@@ -120,7 +120,7 @@ def push_reply(result: ApplyResult, incarnation: int) -> paramserver_pb2.PushGra
 # -- PullParameters ----------------------------------------------------------------------
 
 
-def pull_encoding(request: paramserver_pb2.PullParametersRequest) -> int:
+def pull_encoding(request: paramserver_pb2.PullParametersRequest) -> tensor_pb2.Encoding.ValueType:
     """The encoding a pull asks for (fp32 when unset); InvalidArgument for one weights
     are not served in."""
     encoding = request.encoding or tensor_pb2.ENCODING_FP32

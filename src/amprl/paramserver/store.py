@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, cast
 
 import torch
 from torch import nn
@@ -164,8 +164,8 @@ class ParameterStore(VersionedWeights):
                     self.counters.pushes_repeated += 1
                 if isinstance(first, Exception):
                     raise first
-                return dataclasses.replace(first, weights=None, repeat=True)
-        outcome = None
+                return dataclasses.replace(cast(ApplyResult, first), weights=None, repeat=True)
+        outcome: ApplyResult | Exception | None = None
         try:
             result = self._apply_steps(base_version, steps, learner_id=learner_id,
                                        wire_bytes=wire_bytes, snapshot=snapshot,

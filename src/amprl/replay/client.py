@@ -216,12 +216,13 @@ class ShardedReplayClient:
         with self._lock:
             fresh = self._totals is not None and now - self._totals_at < _SHARD_INFO_MAX_AGE_S
         if not fresh:
-            totals = np.array([float(s.info(timeout=timeout or 5.0).total_priority)
-                               for s in self.shards])
+            fetched = np.array([float(s.info(timeout=timeout or 5.0).total_priority)
+                                for s in self.shards])
             with self._lock:
-                self._totals, self._totals_at = totals, now
+                self._totals, self._totals_at = fetched, now
         with self._lock:
             totals = self._totals
+            assert totals is not None  # set above, never unset
             if totals.sum() <= 0:  # nothing anywhere yet: wait on any shard's min size
                 return int(self._rng.integers(len(self.shards)))
             return int(self._rng.choice(len(self.shards), p=totals / totals.sum()))
@@ -232,6 +233,7 @@ class ShardedReplayClient:
         batch = self.shards[shard].sample(batch_size, beta, timeout)
         with self._lock:
             totals = self._totals
+        assert totals is not None  # _pick_shard set it, never unset
         share = totals[shard] / totals.sum() if totals.sum() > 0 else 1.0 / len(self.shards)
         batch.probabilities = (batch.probabilities * share).astype(np.float32)
         batch.keys = batch.keys | np.int64(shard << SHARD_KEY_BITS)

@@ -2,7 +2,7 @@
 the in-memory cache of them.
 
 ``FrameCache`` is a part of ``ReplayTable`` (it is mixed into it, see ``table.py``) and works
-on the table's state, which ``ReplayTable.__init__`` sets up. Its methods that touch the
+on the table's state (``state.py``), which ``ReplayTable.__init__`` sets up. Its methods that touch the
 ring or the cache run with the table's lock held. It is its own module because the frames'
 encoding and caching are a concern of their own beside keys, priorities and Redis writes.
 """
@@ -14,6 +14,7 @@ import numpy as np
 
 from amprl.envs.spec import EnvSpec
 from amprl.errors import Unavailable
+from amprl.replay.state import TableState
 
 
 def resolve_compression(compression: str, spec: EnvSpec) -> str:
@@ -23,7 +24,7 @@ def resolve_compression(compression: str, spec: EnvSpec) -> str:
     return compression
 
 
-class FrameCache:
+class FrameCache(TableState):
     """The frame ring and its cache of encoded frames (a part of ``ReplayTable``)."""
 
     @staticmethod
@@ -98,7 +99,8 @@ class FrameCache:
         from Redis, one pipelined round trip for all their chunks (lock held)."""
         fslots = fids % self.frame_capacity
         encoded = self.frame_pool[fslots]
-        missing = np.flatnonzero(np.equal(encoded, None))
+        # numpy's stubs take no None operand; on an object array it compares each element
+        missing = np.flatnonzero(np.equal(encoded, None))  # type: ignore[call-overload]
         if missing.size:
             cids = np.unique(self.frame_chunk[fslots[missing]]).tolist()
             fetched = {}

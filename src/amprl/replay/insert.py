@@ -2,7 +2,7 @@
 transaction, and only then put in the in-memory index.
 
 ``InsertPath`` is a part of ``ReplayTable`` (it is mixed into it, see ``table.py``) and works
-on the table's state, which ``ReplayTable.__init__`` sets up. It is its own module because
+on the table's state (``state.py``), which ``ReplayTable.__init__`` sets up. It is its own module because
 the write path (resends stored once, FIFO eviction, the frame ring kept from wrapping, the
 Redis transaction before memory) is the table's largest concern; sampling reads what it
 wrote.
@@ -16,6 +16,7 @@ import numpy as np
 
 from amprl.errors import InvalidArgument
 from amprl.replay.checks import check_rewards, first_bad_chunk, validate_priorities
+from amprl.replay.frames import FrameCache
 from amprl.replay.storage import ChunkMeta, RedisFull
 from amprl.rl.transitions import Chunk
 
@@ -59,7 +60,7 @@ def merge_chunks(chunks: list[Chunk]) -> Chunk:
                  discounts=np.concatenate([c.discounts for c in chunks]))
 
 
-class InsertPath:
+class InsertPath(FrameCache):
     """Checking and storing inserts (a part of ``ReplayTable``)."""
 
     def check_chunk(self, chunk: Chunk, priorities: np.ndarray, name: str = "chunk", *,
@@ -186,7 +187,7 @@ class InsertPath:
         # Redis holds it: now memory.
         for actor in forget:
             self._senders.pop(actor, None)
-        if senders:
+        if sender is not None and senders:
             self._senders[sender.actor_id] = (sender.incarnation, max(sequences))
             self._senders.move_to_end(sender.actor_id)
         evicted = np.arange(self.oldest_key, new_oldest, dtype=np.int64)

@@ -2,7 +2,7 @@
 reconciling with it after Redis restarted.
 
 ``Recovery`` is a part of ``ReplayTable`` (it is mixed into it, see ``table.py``) and works on
-the table's state, which ``ReplayTable.__init__`` sets up. It is its own module because
+the table's state (``state.py``), which ``ReplayTable.__init__`` sets up. It is its own module because
 rebuilding and repairing the index (layouts, lost chunks, missing keys) is a concern apart
 from the table's daily inserts and samples; the *Lost chunks* part of ``table.py``'s
 docstring says what it keeps and drops.
@@ -16,7 +16,8 @@ import logging
 import numpy as np
 
 from amprl.envs.spec import EnvSpec
-from amprl.errors import ConfigError, FailedPrecondition
+from amprl.errors import ConfigError, FailedPrecondition, Unavailable
+from amprl.replay.frames import FrameCache
 from amprl.replay.storage import ChunkMeta
 
 # These are ReplayTable's lines: they keep the table's logger name.
@@ -31,7 +32,7 @@ def _layout(spec: EnvSpec, capacity: int, compression: str) -> dict:
             "action_dim": 0 if spec.discrete else spec.action_dim}
 
 
-class Recovery:
+class Recovery(FrameCache):
     """Opening the table on Redis's data and reconciling with it (a part of ``ReplayTable``)."""
 
     def _open(self) -> None:
@@ -105,6 +106,9 @@ class Recovery:
         self.tree.rebuild(np.where(live, self.priorities.astype(np.float64) ** self.alpha, 0.0))
         if self.dense and present:
             for cid, blob in zip(present, self.storage.load_frames(present)):
+                if blob is None:  # its meta was there a moment ago: Redis restarted since
+                    raise Unavailable(f"Redis lost the frames of chunk {cid} while the replay "
+                                      f"table opened (it restarted?): retry")
                 self._cache_frames(cid, self._split_blob(cid, blob))
         if self.missing:
             log.warning("Redis lacks %d of the %d live chunks (%d transitions): they are dropped "

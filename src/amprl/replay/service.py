@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from grpc_health.v1 import health_pb2
+from grpc_health.v1.health import aio as health_aio
 
 from amprl import errors
 from amprl.common import grpcutil
@@ -78,7 +79,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         self._info_pool = ThreadPoolExecutor(1, thread_name_prefix="replay-info")
         self._refresher: asyncio.Task | None = None
         self._redis_server: str | None = None  # Redis's run id when last seen
-        self.health = None
+        self.health: health_aio.HealthServicer | None = None
         """The server's grpc.aio health servicer (set by create_server)."""
         self._ready = True
 

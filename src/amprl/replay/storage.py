@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, cast
 
 import numpy as np
 import redis
@@ -164,13 +164,15 @@ class ReplayStorage:
         try:
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(self.chunk_key(chunk_id), mapping={"meta": meta, "frames": frames})
+            # redis types hset's mapping as Mapping[FieldT, ...], which a dict[str, ...] is
+            # not (Mapping is invariant in its key type): the ignores below are for that.
             if senders:
-                pipe.hset(self._senders, mapping=senders)
+                pipe.hset(self._senders, mapping=senders)  # type: ignore[arg-type]
             if forget_senders:
                 pipe.hdel(self._senders, *forget_senders)
             for slot, values in priority_ranges:
                 pipe.setrange(self._priorities, 4 * int(slot), values.astype(">f4").tobytes())
-            pipe.hset(self._counters, mapping=counters)
+            pipe.hset(self._counters, mapping=counters)  # type: ignore[arg-type]
             dead = [self.chunk_key(c) for c in delete_chunks]
             if dead:
                 pipe.delete(*dead)
@@ -188,7 +190,7 @@ class ReplayStorage:
             pipe = self.redis.pipeline(transaction=True)
             if len(pairs):
                 self._set_priorities(keys=[self._priorities], args=[pairs.tobytes()], client=pipe)
-            pipe.hset(self._counters, mapping=counters)
+            pipe.hset(self._counters, mapping=counters)  # type: ignore[arg-type]  # as above
             pipe.execute()
         except redis.RedisError as exc:
             raise self._write_error(exc) from exc
@@ -218,7 +220,8 @@ class ReplayStorage:
     def load_senders(self) -> dict[str, tuple[int, int]]:
         """Actor id -> (incarnation, sequence) of the newest numbered chunk it stored."""
         try:
-            raw = self.redis.hgetall(self._senders)
+            # bytes: the client does not decode responses (redis types them bytes | str)
+            raw = cast(dict[bytes, bytes], self.redis.hgetall(self._senders))
         except redis.RedisError as exc:
             raise _unavailable(exc) from exc
         out = {}
@@ -230,7 +233,7 @@ class ReplayStorage:
     def load_priorities(self, capacity: int) -> np.ndarray:
         """float32 [capacity] (slots never written read as 0)."""
         try:
-            raw = self.redis.get(self._priorities) or b""
+            raw = cast(bytes | None, self.redis.get(self._priorities)) or b""  # bytes, as above
         except redis.RedisError as exc:
             raise _unavailable(exc) from exc
         out = np.zeros(capacity, dtype=np.float32)

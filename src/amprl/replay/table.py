@@ -44,7 +44,8 @@ they reach a worker, and the table counts what was inserted and sampled.
 *Code.* ``ReplayTable`` is this module's; three parts of it live beside it, each one concern
 on the same state: ``insert.py`` (the write path), ``recovery.py`` (opening on Redis's data,
 reconciling after Redis restarted) and ``frames.py`` (encoding, the frame ring, the cache);
-the checks on priorities and rewards are plain functions in ``checks.py``.
+``state.py`` declares that state once for all of them; the checks on priorities and rewards
+are plain functions in ``checks.py``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from amprl.config import ReplayConfig
 from amprl.envs.spec import EnvSpec
 from amprl.errors import InvalidArgument
 from amprl.replay.checks import validate_priorities
-from amprl.replay.frames import FrameCache, resolve_compression
+from amprl.replay.frames import resolve_compression
 from amprl.replay.insert import InsertPath
 from amprl.replay.recovery import Recovery
 from amprl.replay.storage import ReplayStorage
@@ -95,7 +96,7 @@ class SampleResult:
 
 
 
-class ReplayTable(InsertPath, Recovery, FrameCache):
+class ReplayTable(InsertPath, Recovery):
     """One prioritized replay table; see the module docstring."""
 
     def __init__(self, storage: ReplayStorage, spec: EnvSpec, cfg: ReplayConfig, *,
@@ -141,17 +142,17 @@ class ReplayTable(InsertPath, Recovery, FrameCache):
         else:
             self.frame_pool = np.full(fcap, None, dtype=object)
         self.cache_bytes = 0
-        self._cached: collections.OrderedDict[int, int] = collections.OrderedDict()  # chunk -> bytes
+        self._cached = collections.OrderedDict()  # chunk -> bytes
         # Live chunks, oldest first: (chunk id, first key, T, frame base, F).
-        self.chunks: collections.deque[tuple[int, int, int, int, int]] = collections.deque()
-        self._offsets: dict[int, np.ndarray] = {}  # chunk id -> frame offsets in its blob
+        self.chunks = collections.deque()
+        self._offsets = {}  # chunk id -> frame offsets in its blob
 
         self.next_key = self.oldest_key = 0
         self.missing = 0
         """Keys in [oldest_key, next_key) whose chunk Redis lost (never sampled)."""
-        self._lost: set[int] = set()  # live chunk ids whose data Redis lost
+        self._lost = set()  # live chunk ids whose data Redis lost
         # actor id -> (incarnation, newest sequence stored), the least recent first
-        self._senders: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
+        self._senders = collections.OrderedDict()
         self.next_chunk = self.oldest_chunk = 0
         self.next_frame = 0
         self.inserted_total = self.env_steps_total = 0
@@ -159,20 +160,6 @@ class ReplayTable(InsertPath, Recovery, FrameCache):
         self._open()
 
     # -- the operations -------------------------------------------------------------------
-
-    @property
-    def size(self) -> int:
-        """Transitions stored (live keys, less the missing ones)."""
-        return self.next_key - self.oldest_key - self.missing
-
-    def _counters(self, **override: int) -> dict[str, int]:
-        c = {"next_key": self.next_key, "oldest_key": self.oldest_key,
-             "next_chunk": self.next_chunk, "oldest_chunk": self.oldest_chunk,
-             "next_frame": self.next_frame, "inserted_total": self.inserted_total,
-             "env_steps_total": self.env_steps_total, "sampled_total": self.sampled_total,
-             "priority_updates_total": self.priority_updates_total}
-        c.update(override)
-        return c
 
     def check_sample(self, batch_size: int, beta: float) -> None:
         """InvalidArgument for a batch size or beta no table state could satisfy."""
@@ -211,14 +198,14 @@ class ReplayTable(InsertPath, Recovery, FrameCache):
             self.sampled_total += batch_size
         probabilities = p_alpha / total
         weights = (p_alpha / p_min) ** -beta if beta > 0 else np.ones(batch_size)
-        inverse = inverse.astype(np.int32).reshape(2, batch_size, self.stack)
+        stacks = inverse.astype(np.int32).reshape(2, batch_size, self.stack)
         if encoded is not None and self.compression == "none":
             frames = np.frombuffer(b"".join(encoded.tolist()), dtype=self.frame_dtype).reshape(
                 len(encoded), *self.frame_shape)
             encoded = None
         return SampleResult(keys=keys, weights=weights.astype(np.float32),
                             probabilities=probabilities.astype(np.float32),
-                            obs_idx=inverse[0], next_obs_idx=inverse[1], actions=actions,
+                            obs_idx=stacks[0], next_obs_idx=stacks[1], actions=actions,
                             rewards=rewards, discounts=discounts, num_frames=len(unique),
                             frames=frames,
                             lz4_frames=None if encoded is None else encoded.tolist(),

@@ -21,7 +21,7 @@ from amprl.compression.codecs import (DEFAULT_BLOCK_SIZE, DENSE_DTYPES, Encoded,
 from amprl.errors import InvalidArgument
 from amprl.v1 import tensor_pb2
 
-ENCODINGS: dict[str, int] = {
+ENCODINGS: dict[str, tensor_pb2.Encoding.ValueType] = {
     "fp32": tensor_pb2.ENCODING_FP32,
     "fp16": tensor_pb2.ENCODING_FP16,
     "bf16": tensor_pb2.ENCODING_BF16,
@@ -30,7 +30,7 @@ ENCODINGS: dict[str, int] = {
 """Config name -> wire enum."""
 
 
-def encoding_value(encoding: str | int) -> int:
+def encoding_value(encoding: str | int) -> tensor_pb2.Encoding.ValueType:
     """Wire enum for a config name ("onebit") or an enum value; InvalidArgument otherwise."""
     if isinstance(encoding, str):
         try:
@@ -39,14 +39,15 @@ def encoding_value(encoding: str | int) -> int:
             raise InvalidArgument(f"unknown encoding {encoding!r}; use one of {sorted(ENCODINGS)}") from None
     if encoding not in ENCODINGS.values():
         raise InvalidArgument(f"unknown encoding {encoding!r}")
-    return int(encoding)
+    return tensor_pb2.Encoding.ValueType(encoding)  # int(encoding), typed as the enum
 
 
 def encoding_name(encoding: int) -> str:
     for name, value in ENCODINGS.items():
         if value == encoding:
             return name
-    return tensor_pb2.Encoding.Name(encoding) if encoding in tensor_pb2.Encoding.values() else str(encoding)
+    known = encoding in tensor_pb2.Encoding.values()
+    return tensor_pb2.Encoding.Name(tensor_pb2.Encoding.ValueType(encoding)) if known else str(encoding)
 
 
 def encoded_to_proto(e: Encoded) -> tensor_pb2.CompressedTensor:
@@ -133,9 +134,12 @@ class ErrorFeedback(compression.ErrorFeedback):
     def __init__(self, encoding: str | int = "onebit", *args, **kwargs):
         super().__init__(encoding_name(encoding_value(encoding)), *args, **kwargs)
 
-    def compress(self, grads: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-                 *, known_finite: bool = False) -> list[tensor_pb2.CompressedTensor]:
+    # It answers messages where the base answers Encoded: a deliberate override (a sender
+    # holds this class, never the base), so its return type differs.
+    def compress(  # type: ignore[override]
+            self, grads: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+            *, known_finite: bool = False) -> list[tensor_pb2.CompressedTensor]:
         """``compression.ErrorFeedback.compress``, as messages."""
         return [encoded_to_proto(e) for e in super().compress(grads, known_finite=known_finite)]
 
-    encode = compress
+    encode = compress  # type: ignore[assignment]  # as compress

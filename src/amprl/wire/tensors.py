@@ -7,6 +7,7 @@ bfloat16 has no NumPy dtype: it travels as DTYPE_BFLOAT16 and is held in NumPy a
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from amprl.errors import InvalidArgument
 from amprl.v1 import tensor_pb2
@@ -22,7 +23,7 @@ DTYPES: dict[int, np.dtype] = {
     tensor_pb2.DTYPE_INT64: np.dtype("<i8"),
     tensor_pb2.DTYPE_BOOL: np.dtype("u1"),
 }
-_BY_NUMPY: dict[np.dtype, int] = {
+_BY_NUMPY: dict[np.dtype, tensor_pb2.DType.ValueType] = {
     np.dtype("<f4"): tensor_pb2.DTYPE_FLOAT32,
     np.dtype("<f2"): tensor_pb2.DTYPE_FLOAT16,
     np.dtype("<f8"): tensor_pb2.DTYPE_FLOAT64,
@@ -33,7 +34,7 @@ _BY_NUMPY: dict[np.dtype, int] = {
 }
 
 
-def dtype_name(dtype: int) -> str:
+def dtype_name(dtype: tensor_pb2.DType.ValueType) -> str:
     return tensor_pb2.DType.Name(dtype) if dtype in tensor_pb2.DType.values() else str(dtype)
 
 
@@ -54,7 +55,7 @@ def tensor_to_proto(array: np.ndarray, out: tensor_pb2.Tensor | None = None) -> 
 
 
 def tensor_from_proto(t: tensor_pb2.Tensor, name: str = "tensor", *,
-                      dtype: np.dtype | None = None, ndim: int | None = None,
+                      dtype: DTypeLike | None = None, ndim: int | None = None,
                       finite: bool = False) -> np.ndarray:
     """Decodes a Tensor into a read-only NumPy view of its bytes, validating it.
 

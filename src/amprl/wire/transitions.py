@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from amprl.envs.spec import EnvSpec
 from amprl.errors import InvalidArgument
@@ -47,10 +48,10 @@ def _all_finite(a: np.ndarray) -> bool:
 _CODES = {np.dtype(v): k for k, v in DTYPES.items() if k != tensor_pb2.DTYPE_BOOL}
 
 
-def _decode(t: tensor_pb2.Tensor, name: str, dtype: np.dtype, ndim: int) -> np.ndarray:
+def _decode(t: tensor_pb2.Tensor, name: str, dtype_like: DTypeLike, ndim: int) -> np.ndarray:
     """tensor_from_proto's checks, inlined for the insert hot path (a few microseconds
     per tensor matter at 200k transitions/s)."""
-    dtype = np.dtype(dtype)
+    dtype = np.dtype(dtype_like)
     if t.dtype != _CODES.get(dtype):
         return tensor_from_proto(t, name, dtype=dtype, ndim=ndim)  # raises the exact error
     shape = tuple(t.shape)

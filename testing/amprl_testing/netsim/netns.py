@@ -604,7 +604,7 @@ def read_line(proc: subprocess.Popen, timeout: float) -> str:
             left = deadline - time.monotonic()
             if left <= 0 or not sel.select(left):
                 proc._netns_linebuf = buf  # type: ignore[attr-defined]
-                raise TimeoutError(f"no line from {proc.args} in {timeout} s (got {buf!r})")
+                raise TimeoutError(f"no line from {proc.args!r} in {timeout} s (got {buf!r})")
             chunk = os.read(fd, 65536)
             if not chunk:
                 proc._netns_linebuf = b""  # type: ignore[attr-defined]

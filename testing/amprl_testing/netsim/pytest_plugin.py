@@ -23,7 +23,7 @@ test fails, the tail of each started process's log is added to the report.
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import pytest
 
@@ -52,7 +52,7 @@ def require_netns() -> None:
 
 
 @pytest.fixture
-def netns_topology(request: pytest.FixtureRequest) -> Callable[..., netns.Topology]:
+def netns_topology(request: pytest.FixtureRequest) -> Iterator[Callable[..., netns.Topology]]:
     """Factory: ``netns_topology(["ps", "learner"], subnet="10.231.0") -> Topology``."""
     require_netns()
     made: list[netns.Topology] = []

@@ -65,8 +65,7 @@ _CLOSE = object()  # queue marker: the source vanished; close (or reset) the des
 def parse_address(text: str | Address) -> Address:
     """``"host:port"``, ``"[v6]:port"`` or ``(host, port)`` -> ``(host, port)``."""
     if isinstance(text, tuple):
-        host, port = text
-        return str(host), int(port)
+        return str(text[0]), int(text[1])
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"address {text!r} must look like host:port")
@@ -124,7 +123,7 @@ class _Pipe:
             if item is _EOF or item is _CLOSE:
                 marker = item
                 break
-            chunks.append(item)  # type: ignore[arg-type]
+            chunks.append(item)
         dst = self.dst
         if chunks:
             n = sum(map(len, chunks))
@@ -509,15 +508,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        relay.start()
+        port = relay.start()
     except OSError as e:
         log.error("cannot listen on %s: %s", args.listen, e)
         return 1
-    print(json.dumps({"event": "listening", "host": relay.listen[0], "port": relay.port}),
-          flush=True)
+    print(json.dumps({"event": "listening", "host": relay.listen[0], "port": port}), flush=True)
     if args.port_file:
         from amprl.common.cli import write_port_file
-        write_port_file(args.port_file, relay.port)
+        write_port_file(args.port_file, port)
     while not stop.wait(3600):
         pass
     log.info("stopping: %s", json.dumps(relay.stats()))
