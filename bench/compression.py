@@ -8,7 +8,7 @@ Prints one JSON object:
   encode_decode_ms_per_1m_elements[_<device>]  1-bit encode + decode of a 1M-element
       tensor (median of repeats), on CPU (and CUDA when present).
 
-Models come from ``amprl.rl.models.build_model`` when it exists, else from the reference
+Models come from ``amprl.algos.build_model`` when it exists, else from the reference
 definitions below (same layer sizes): CartPole dueling MLP 4-128-128 with 2 actions, TD3
 actor + twin critics 256x256 for HalfCheetah (obs 17, act 6), Atari Nature-CNN dueling DQN
 (4x84x84 input, 6 actions).
@@ -75,13 +75,13 @@ def reference_atari(num_actions: int = 6) -> nn.Module:
 
 
 def project_models() -> dict[str, nn.Module] | None:
-    """The project's own models, if amprl.rl.models.build_model exists."""
+    """The project's own models, if amprl.algos.build_model exists."""
     try:
         import numpy as np
 
+        from amprl.algos import build_model
         from amprl.config import config_from_dict
         from amprl.envs.spec import EnvSpec
-        from amprl.rl.models import build_model
     except ImportError:
         return None
     try:
@@ -93,7 +93,7 @@ def project_models() -> dict[str, nn.Module] | None:
         atari = build_model(config_from_dict({"env": {"id": "ALE/Pong-v5", "frame_stack": 4}}),
                             EnvSpec((84, 84), np.dtype(np.uint8), 4, True, 6))
     except Exception as exc:  # noqa: BLE001 - a model still in progress: fall back, say so
-        print(f"note: amprl.rl.models.build_model failed ({exc}); using reference models",
+        print(f"note: amprl.algos.build_model failed ({exc}); using reference models",
               file=sys.stderr)
         return None
     return {"cartpole": cartpole, "td3": td3, "atari": atari}
@@ -136,7 +136,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     models = project_models()
-    out: dict = {"models": "amprl.rl.models" if models else "reference (bench/compression.py)",
+    out: dict = {"models": "amprl.algos" if models else "reference (bench/compression.py)",
                  "block_size": args.block_size, "min_elements": args.min_elements}
     models = models or {"cartpole": reference_cartpole(), "td3": reference_td3(),
                         "atari": reference_atari()}

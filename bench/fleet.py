@@ -284,7 +284,7 @@ def push_prefix(config_path: str, encoding: str, batch_size: int) -> bytes:
 
     from amprl.wire.compressed import ErrorFeedback
     from amprl.envs.factory import env_spec
-    from amprl.rl.models import build_model
+    from amprl.algos import build_model
 
     torch.set_num_threads(1)
     cfg = load_config(config_path)

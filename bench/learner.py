@@ -67,16 +67,15 @@ import redis as redis_py
 import torch
 
 import testing_path  # noqa: F401  (amprl_testing on the path)
+from amprl.algos import build_model, builder
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
 from amprl.envs.factory import env_spec
 from amprl.launch.procs import set_nice, start_service, stop_services, wait_for_port
-from amprl.learner.algos import make_algo
 from amprl.learner.learner import Learner
 from amprl.paramserver.client import ParameterClient
 from amprl.replay.client import ReplayClient
 from amprl_testing.replay import fill_replay
-from amprl.rl.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -143,7 +142,7 @@ def plain_loop(cfg, spec, sampled, seconds: float, device: torch.device) -> tupl
     cfg = copy.deepcopy(cfg)
     cfg.learner.overlap_targets = False  # plain: the whole update on this thread
     model = build_model(cfg, spec).to(device)
-    algo = make_algo(cfg, model, device)
+    algo = builder(cfg.algo).make_learner(cfg, model, device)
     batch, _ = algo.to_tensors(sampled)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.paramserver.lr)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.learner.precision)

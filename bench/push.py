@@ -35,12 +35,12 @@ from pathlib import Path
 
 import torch
 
+from amprl.algos import build_model
 from amprl.wire.compressed import ErrorFeedback
 from amprl.config import dump_config, load_config
 from amprl.envs.factory import env_spec
 from amprl.launch.procs import start_service, stop_services, wait_for_port
 from amprl.paramserver.client import ParameterClient
-from amprl.rl.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -34,7 +34,7 @@ from amprl.envs.factory import env_spec, make_env  # noqa: E402
 from amprl.evaluator.evaluator import run_episodes  # noqa: E402
 from amprl.paramserver.__main__ import checkpoint_dir  # noqa: E402
 from amprl.paramserver.checkpoint import CheckpointManager  # noqa: E402
-from amprl.rl.models import build_model  # noqa: E402
+from amprl.algos import build_model  # noqa: E402
 
 
 class RecordingGreedy:

@@ -1,10 +1,10 @@
 """The few interfaces the actor, learner and evaluator depend on (Acme's ``core.py`` is the
 model): where transitions go, where batches come from, where weights come from and go to,
-and what an algorithm gives the learner.
+and what an algorithm gives the learner, the actors and the evaluator.
 
 The services' clients implement them over gRPC (``amprl.replay.client.ReplayClient``,
-``amprl.paramserver.client.ParameterClient``), the learner's algorithms in
-``amprl.learner.algos``, and the tests' fakes in memory. A reader (or a type checker) can
+``amprl.paramserver.client.ParameterClient``), the algorithms in ``amprl.algos.<name>``,
+and the tests' fakes in memory. A reader (or a type checker) can
 follow a gradient from ``Algorithm.loss`` through ``WeightSink.push_future`` to the
 server without knowing how the wire carries it.
 """
@@ -100,7 +100,7 @@ class ParameterServer(WeightSource, WeightSink, Protocol):
 
 class Algorithm(Protocol):
     """What an algorithm gives the learner: batches as tensors, a loss, and what to do when
-    the weights change (target networks). One per algorithm in ``amprl.learner.algos``."""
+    the weights change (target networks). One per algorithm, ``amprl.algos.<name>.learning``."""
 
     def to_tensors(self, sampled: SampledBatch, pin: bool = False) -> tuple[Batch, np.ndarray]:
         """The sampled batch as tensors on the learner's device, and its replay keys."""
@@ -120,3 +120,50 @@ class Algorithm(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Behaviour(Protocol):
+    """What an algorithm gives an actor: its behaviour policy (the one that makes the data,
+    exploration included) over the actor's batch of envs, and the initial priorities of
+    the transitions it makes. One per algorithm, ``amprl.algos.<name>.acting``. The
+    actor's loop::
+
+        actions, env_actions = behaviour.act(obs, env_steps)
+        ...  # each env steps with its env_action
+        scored = behaviour.observe(chunker, actions, rewards, terminated, truncated,
+                                   next_frames, reset_frames)
+    """
+
+    def act(self, obs: np.ndarray, env_steps: int) -> tuple[np.ndarray, Sequence]:
+        """Actions for observations ``[N, *obs_shape]`` after the actor's first
+        ``env_steps`` env steps: as an array (what the chunker stores) and as the envs
+        take them."""
+        ...
+
+    def observe(self, chunker, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray,
+                truncated: np.ndarray, next_frames: np.ndarray, reset_frames: np.ndarray | None
+                ) -> list[tuple[Chunk, np.ndarray]]:
+        """Feeds the step ``act`` chose (its ``actions``) to the actor's n-step ``chunker``;
+        returns the chunks it completed with |δ| of each transition, float32 [T]."""
+        ...
+
+    def sync(self) -> None:
+        """The replica's weights changed."""
+        ...
+
+    def epsilon(self, env_steps: int) -> float:
+        """How much it explores now, for status reports (DQN: the mean ε)."""
+        ...
+
+
+class Policy(Protocol):
+    """What an algorithm gives the evaluator: greedy actions of a model replica. One per
+    algorithm, ``amprl.algos.<name>.acting``."""
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """Actions for observations ``[B, *obs_shape]`` ([B] int64 or [B, action_dim] float32)."""
+        ...
+
+    def sync(self) -> None:
+        """The replica's weights changed."""
+        ...

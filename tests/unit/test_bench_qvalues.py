@@ -10,7 +10,7 @@ from amprl.config import dump_config, load_config
 from amprl.envs.factory import env_spec
 from amprl.paramserver.checkpoint import CheckpointManager
 from amprl.paramserver.store import build_store
-from amprl.rl.models import build_model
+from amprl.algos import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("bench_qvalues", ROOT / "bench" / "qvalues.py")

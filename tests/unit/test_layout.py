@@ -1,6 +1,6 @@
 """The house's layout rules, checked on the source: a service uses another service only
-through its client, and the shared core (``core``, ``rl``, ``wire``, ``compression``,
-``envs``, ``common``, ``config``, ``errors``) imports no service at all."""
+through its client, and the shared core (``core``, ``algos``, ``rl``, ``wire``,
+``compression``, ``envs``, ``common``, ``config``, ``errors``) imports no service at all."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import amprl
 
 PACKAGE = Path(amprl.__file__).parent
 SERVICES = ("actor", "replay", "paramserver", "learner", "evaluator")
-CORE = ("core", "rl", "wire", "compression", "envs", "common", "config", "errors")
+CORE = ("core", "algos", "rl", "wire", "compression", "envs", "common", "config", "errors")
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

@@ -1,16 +1,12 @@
-"""The actor loop: step a batch of envs with one batched forward pass per step, explore
-(DQN: ε-greedy, Ape-X ε from a hash of the actor's identity; TD3: Gaussian noise on the
-deterministic policy, uniform random actions for the first ``td3.random_steps``), build
-n-step transitions, score their initial priorities with the actor's own network copy and
-stream them to replay.
+"""The actor loop: step a batch of envs with one batched forward pass per step, explore,
+build n-step transitions, score their initial priorities with the actor's own network copy
+and stream them to replay.
 
-Initial priorities (Ape-X, Horgan et al. 2018) come from values the actor has anyway. DQN:
-|R + γ^K max_a Q(s_{t+K}, a) - Q(s_t, a_t)| (double DQN with the actor's one network as
-online and target) from the Q-values of the acting passes at s_t and s_{t+K}, which the
-n-step chunker carries (``NStepChunker.step_scored``); only a truncated episode's final
-observation, never acted on, costs a forward pass of its own. TD3: |Q1 - y| of its own
-critics over the chunk, no smoothing noise (``ActingPolicy.td_abs``). DQN actors of a bf16 run act in bf16 where the
-CPU computes it natively (``policy.acting_dtype``).
+How it acts, explores and scores is the algorithm's behaviour (``amprl.core.Behaviour``,
+from ``amprl.algos``). DQN: ε-greedy, Ape-X ε from a hash of the actor's identity, and
+priorities from the Q-values of the acting passes (``algos/dqn/acting.py``); TD3: Gaussian
+noise on the deterministic policy, uniform random actions for the first
+``td3.random_steps``, and priorities from its critics (``algos/td3/acting.py``).
 
 Neither sending nor weight refreshes block the env loop: chunks go through a bounded queue
 to a sender thread (so a rate-limited replay slows the actor down instead of flooding
@@ -30,18 +26,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from amprl import errors
-from amprl.rl.exploration import apex_epsilon, derive_seed, gaussian_exploration, seed_everything
+from amprl import algos, errors
+from amprl.rl.exploration import derive_seed, seed_everything
 from amprl.actor.nstep import NStepChunker
-from amprl.rl.acting import ActingPolicy, ActingQNetwork, acting_dtype
 from amprl.common.backoff import Backoff
 from amprl.common.supervise import Supervisor
 from amprl.config import ExperimentConfig
 from amprl.core import TransitionSink, WeightSource
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
-from amprl.rl.batch import Batch
-from amprl.rl.models import build_model
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +70,10 @@ class Actor:
         seed_everything(self.seed)
         self.rng = np.random.default_rng(self.seed)
         n = cfg.actor.envs_per_actor
-        # Ape-X ε per environment: u from a hash of "<actor id>/<env index>", so a fleet of any
-        # size (even 2 local actors) spans the schedule without coordination.
-        self.epsilons = np.array([apex_epsilon(f"{actor_id}/{j}", cfg.actor.epsilon_base, cfg.actor.epsilon_alpha)
-                                  for j in range(n)])
         self.envs = [make_env(cfg.env, training=True) for _ in range(n)]
-        self.discrete = spec.discrete
-        if not self.discrete:
-            self._low = np.asarray(spec.action_low, dtype=np.float32)
-            self._high = np.asarray(spec.action_high, dtype=np.float32)
-        self.model = build_model(cfg, spec).eval()
+        self.model = algos.build_model(cfg, spec).eval()
         self._params = dict(self.model.named_parameters())
-        self.q_net = ActingQNetwork(self.model, acting_dtype(cfg)) if self.discrete else None
-        self.policy = None if self.discrete else ActingPolicy(self.model)
+        self.behaviour = algos.builder(cfg.algo).make_behaviour(cfg, spec, self.model, actor_id, self.rng)
         self.version = 0
         self.incarnation = 0  # the server's incarnation the weights came from (0: none yet)
         self._synced = False  # holds the server's weights (of self.version), not the seeded init
@@ -120,9 +104,7 @@ class Actor:
     def _load(self, version: int, incarnation: int, weights: dict) -> None:
         for name, value in weights.items():
             self._params[name].copy_(value)
-        for acting in (self.q_net, self.policy):
-            if acting is not None:
-                acting.sync()
+        self.behaviour.sync()
         self.version, self.incarnation = version, incarnation
         self._synced = True
 
@@ -235,13 +217,6 @@ class Actor:
                 self._unacked += size
             self._outbox.put(item)
 
-    @torch.inference_mode()
-    def _td3_td_abs(self, chunk) -> np.ndarray:
-        """|Q1(s, a) - y| of each transition under the actor's own TD3 networks."""
-        batch = Batch.from_chunk(chunk, frame_stack=self.spec.frame_stack)
-        return self.policy.td_abs(batch.obs.numpy(), batch.actions.numpy(), batch.rewards.numpy(),
-                                  batch.discounts.numpy(), batch.next_obs.numpy())
-
     # -- the loop --------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -271,20 +246,14 @@ class Actor:
             first.append(frame)
         self.chunker.reset(np.stack(first))
         envs = self.envs
-        rows = np.arange(n)
+        behaviour = self.behaviour
         refresh = self.cfg.actor.weight_refresh_steps
         next_refresh = refresh
         while not stop.is_set() and (max_steps is None or self.stats.env_steps < max_steps):
             self._threads.check()
             self._swap_weights()
             obs = self.chunker.observations()
-            if self.discrete:
-                q = self.q_net(obs)
-                actions = self._explore(q.argmax(axis=1))
-                # Python ints: gymnasium's Discrete.contains is slow on NumPy scalars
-                env_actions = actions.tolist()
-            else:
-                actions = env_actions = self._act_continuous(obs)
+            actions, env_actions = behaviour.act(obs, self.stats.env_steps)
             # Per env step only env.step itself runs in Python; results are gathered into
             # arrays once per batched step.
             results = [env.step(a) for env, a in zip(envs, env_actions)]
@@ -300,15 +269,8 @@ class Actor:
                 reset_frames = np.empty_like(next_frames)
                 for i in np.flatnonzero(ended):
                     reset_frames[i], _ = envs[i].reset()
-            if self.discrete:
-                ready = self.chunker.step_scored(
-                    actions, rewards, terminated, truncated, next_frames, reset_frames,
-                    q_taken=q[rows, actions], values=q.max(axis=1),
-                    final_values=self._final_values(next_frames, terminated, truncated)
-                    if any_ended else None)
-            else:
-                ready = [(c, self._td3_td_abs(c)) for c in self.chunker.step(
-                    actions, rewards, terminated, truncated, next_frames, reset_frames)]
+            ready = behaviour.observe(self.chunker, actions, rewards, terminated, truncated,
+                                      next_frames, reset_frames)
             self._ep_return += rewards
             if any_ended:
                 for i in np.flatnonzero(ended):
@@ -323,53 +285,15 @@ class Actor:
                 next_refresh += refresh
                 self._want_pull.set()
 
-    def _final_values(self, next_frames, terminated, truncated) -> np.ndarray | None:
-        """max_a Q of the final observations of the episodes truncated by this step (the
-        bootstrap of their last transitions), or None when none was."""
-        cut = truncated & ~terminated
-        if not cut.any():
-            return None
-        values = np.zeros(len(cut), dtype=np.float32)
-        values[cut] = self.q_net(self.chunker.final_observations(next_frames, cut)).max(axis=1)
-        return values
-
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """ε-greedy over one batched forward pass of the actor's network (DQN), or the
-        deterministic policy plus Gaussian noise, clipped to the bounds (TD3)."""
-        if not self.discrete:
-            return self._act_continuous(obs)
-        return self._explore(self.q_net(obs).argmax(axis=1))
-
-    def _explore(self, greedy: np.ndarray) -> np.ndarray:
-        """Each env's greedy action, replaced by a uniform random one with its ε."""
-        u = self.rng.random((2, len(greedy)))  # one draw for both: each call has a fixed cost
-        explore = u[0] < self.current_epsilons()
-        if explore.any():
-            return np.where(explore, (u[1] * self.spec.num_actions).astype(np.int64), greedy)
-        return greedy
-
-    def _act_continuous(self, obs: np.ndarray) -> np.ndarray:
-        n = obs.shape[0]
-        if self.stats.env_steps < self.cfg.td3.random_steps:
-            # uniform exploration before the policy means anything (Fujimoto et al.: 25k/1k)
-            return self.rng.uniform(self._low, self._high, size=(n, len(self._low))).astype(np.float32)
-        actions = self.policy(obs)
-        return gaussian_exploration(actions, self.cfg.td3.exploration_noise, self._low, self._high,
-                                    self.rng)
-
-    def current_epsilons(self) -> np.ndarray:
-        """Each env's ε, raised towards 1 during the first epsilon_warmup_steps env steps."""
-        warmup = self.cfg.actor.epsilon_warmup_steps
-        if warmup <= 0 or self.stats.env_steps >= warmup:
-            return self.epsilons
-        return self.epsilons + (1.0 - self.epsilons) * (1.0 - self.stats.env_steps / warmup)
+        """The behaviour's actions for ``obs`` now, exploration included."""
+        return self.behaviour.act(obs, self.stats.env_steps)[0]
 
     @property
     def epsilon(self) -> float:
-        """Mean ε (DQN) or the Gaussian noise std in half-ranges (TD3), for status reports."""
-        if not self.discrete:
-            return float(self.cfg.td3.exploration_noise)
-        return float(self.current_epsilons().mean())
+        """How much the actor explores now (DQN: mean ε; TD3: the Gaussian noise std in
+        half-ranges), for status reports."""
+        return self.behaviour.epsilon(self.stats.env_steps)
 
     @property
     def recent_return(self) -> float:

@@ -2,7 +2,7 @@
 Kubernetes).
 
 - ``sections.py``: the dataclasses, one per section; each field declares its type, default,
-  range and meaning.
+  range and meaning. An algorithm's section is declared in ``amprl/algos/<name>/config.py``.
 - ``loading.py``: YAML and overrides onto them, checked against those declarations.
 - ``schema.py``: the JSON schema of the same declarations (the chart's ``experiment``).
 """
@@ -10,11 +10,11 @@ Kubernetes).
 from amprl.config.bounds import Bound
 from amprl.config.loading import (RENAMED, apply_overrides, config_from_dict, config_to_dict,
                                   dump_config, load_config, validate)
-from amprl.config.sections import (ActorConfig, DeployConfig, DQNConfig, EnvConfig, EvaluatorConfig,
+from amprl.config.sections import (ActorConfig, DeployConfig, EnvConfig, EvaluatorConfig,
                                    ExperimentConfig, LearnerConfig, NetworkConfig, NiceConfig,
-                                   ParamServerConfig, ReplayConfig, RunConfig, TD3Config)
+                                   ParamServerConfig, ReplayConfig, RunConfig)
 
 __all__ = ["Bound", "RENAMED", "apply_overrides", "config_from_dict", "config_to_dict", "dump_config",
-           "load_config", "validate", "ActorConfig", "DeployConfig", "DQNConfig", "EnvConfig",
+           "load_config", "validate", "ActorConfig", "DeployConfig", "EnvConfig",
            "EvaluatorConfig", "ExperimentConfig", "LearnerConfig", "NetworkConfig", "NiceConfig",
-           "ParamServerConfig", "ReplayConfig", "RunConfig", "TD3Config"]
+           "ParamServerConfig", "ReplayConfig", "RunConfig"]

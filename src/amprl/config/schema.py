@@ -1,5 +1,6 @@
 """The JSON schema of the experiment config, generated from the declarations in
-``sections.py`` (types, choices, ranges, and each field's docstring as its description).
+``sections.py`` and the algorithms' ``config.py`` (types, choices, ranges, and each field's
+docstring as its description).
 
 The chart's ``values.schema.json`` carries it as ``properties.experiment``, so ``helm
 install`` refuses a bad key or value before any pod starts, with the rules the services
@@ -86,7 +87,7 @@ def experiment_schema() -> dict:
     """The schema of a whole experiment file (every key optional: defaults fill in)."""
     out = section_schema(ExperimentConfig)
     out["description"] = ("the experiment config, generated from src/amprl/config/sections.py "
-                          "(python -m amprl.config.schema)")
+                          "and src/amprl/algos/*/config.py (python -m amprl.config.schema)")
     return out
 
 

@@ -3,14 +3,17 @@
 Each field declares its type, default, range (``Annotated[..., Bound(...)]``) and, in the
 string below it, what it does. The loader (``loading.py``) checks values against these
 declarations, and the chart's JSON schema for ``experiment`` is generated from them
-(``schema.py``), so a knob is declared once.
+(``schema.py``), so a knob is declared once. Each algorithm declares its own section
+(``dqn:``, ``td3:``) beside its code, in ``amprl/algos/<name>/config.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
+from amprl.algos.dqn.config import DQNConfig
+from amprl.algos.td3.config import TD3Config
 from amprl.config.bounds import Bound
 
 Nice = Annotated[int, Bound(ge=0, le=19, note="nice below the launcher's own needs CAP_SYS_NICE: "
@@ -45,44 +48,6 @@ class NetworkConfig:
     """Hidden layer widths of MLP trunks (vector observations)."""
     dueling: bool = True
     """DQN: separate value and advantage heads (Wang et al. 2016)."""
-
-
-@dataclass
-class DQNConfig:
-    gamma: Annotated[float, Bound(ge=0, le=1)] = 0.99
-    """Discount per environment step."""
-    n_step: Annotated[int, Bound(ge=1)] = 3
-    """Return horizon computed by actors (Ape-X: 3)."""
-    double: bool = True
-    """Double DQN: the online network picks the bootstrap action, the target net scores it."""
-    huber_delta: Annotated[float, Bound(gt=0)] = 1.0
-    """Huber loss threshold on the TD error."""
-    target_update_period: Annotated[int, Bound(ge=1)] = 250
-    """Copy online -> target every this many parameter versions (ignored when tau > 0)."""
-    tau: Annotated[float, Bound(ge=0, le=1)] = 0.0
-    """Polyak factor for a soft target update every version; 0 = periodic hard copy."""
-
-
-@dataclass
-class TD3Config:
-    gamma: Annotated[float, Bound(ge=0, le=1)] = 0.99
-    """Discount per environment step."""
-    n_step: Annotated[int, Bound(ge=1)] = 1
-    """Return horizon computed by actors."""
-    tau: Annotated[float, Bound(gt=0, le=1)] = 0.005
-    """Polyak factor of the target networks (Fujimoto et al. 2018)."""
-    policy_delay: Annotated[int, Bound(ge=1)] = 2
-    """Actor and targets are updated every this many critic updates."""
-    target_noise: Annotated[float, Bound(ge=0)] = 0.2
-    """Std of the target policy smoothing noise, in units of the action half-range."""
-    target_noise_clip: Annotated[float, Bound(ge=0)] = 0.5
-    """Clip of the target smoothing noise, in units of the action half-range."""
-    exploration_noise: Annotated[float, Bound(ge=0)] = 0.1
-    """Std of the actors' Gaussian exploration noise, in units of the action half-range."""
-    random_steps: int = 1000
-    """Each actor acts uniformly at random for its first this-many env steps."""
-    hidden_sizes: Annotated[list[int], Bound(ge=1, min_items=1)] = field(default_factory=lambda: [256, 256])
-    """Hidden layer widths of the actor and of each critic (network.hidden_sizes is DQN's)."""
 
 
 @dataclass
@@ -358,10 +323,19 @@ class DeployConfig:
     thread took (docs/experiments/2026-12-tuning-diary.md). Needs 2 or more allowed CPUs."""
 
 
+class AlgoConfig(Protocol):
+    """What every algorithm's section has: the actors compute n-step returns with it
+    (``ExperimentConfig.n_step``, ``.gamma``)."""
+
+    gamma: float
+    n_step: int
+
+
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
     """Name of the experiment (used in the run folder name)."""
+    # the names of amprl.algos.ALGOS, each with a section of that name below
     algo: Literal["dqn", "td3"] = "dqn"
     """Algorithm family."""
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -377,9 +351,15 @@ class ExperimentConfig:
     deploy: DeployConfig = field(default_factory=DeployConfig)
 
     @property
+    def algo_config(self) -> AlgoConfig:
+        """The section of ``algo``: each algorithm's section is named after it
+        (``amprl.algos.ALGOS``) and has the ``gamma`` and ``n_step`` the actors use."""
+        return getattr(self, self.algo)
+
+    @property
     def n_step(self) -> int:
-        return self.dqn.n_step if self.algo == "dqn" else self.td3.n_step
+        return self.algo_config.n_step
 
     @property
     def gamma(self) -> float:
-        return self.dqn.gamma if self.algo == "dqn" else self.td3.gamma
+        return self.algo_config.gamma

@@ -16,14 +16,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from amprl import errors
+from amprl import algos, errors
 from amprl.rl.exploration import derive_seed
 from amprl.config import ExperimentConfig
 from amprl.core import TransitionSink, WeightSource
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
-from amprl.rl.models import build_model
-from amprl.rl.acting import GreedyPolicy
 from amprl.v1 import telemetry_pb2
 
 log = logging.getLogger(__name__)
@@ -32,7 +30,7 @@ log = logging.getLogger(__name__)
 def run_episodes(policy, spec: EnvSpec, envs: list, seeds: list[int], epsilon: float,
                  rng: np.random.Generator) -> list[float]:
     """Plays one episode in each env (batched inference: ``policy`` maps observations
-    [B, *obs_shape] to actions, e.g. a GreedyPolicy) and returns the undiscounted returns."""
+    [B, *obs_shape] to actions, an ``amprl.core.Policy``) and returns the undiscounted returns."""
     from amprl.envs.stacking import FrameStacks
     n = len(envs)
     stacks = FrameStacks(n, spec)
@@ -65,9 +63,9 @@ class Evaluator:
         self.spec = spec
         self.ps = paramserver
         self.replay = replay
-        self.model = build_model(cfg, spec).eval()
+        self.model = algos.build_model(cfg, spec).eval()
         self._params = dict(self.model.named_parameters())
-        self.policy = GreedyPolicy(self.model, spec.discrete)
+        self.policy = algos.builder(cfg.algo).make_greedy_policy(self.model)
         self.version = 0
         self.incarnation = 0  # the parameter server's incarnation of the weights held
         self.evaluations: list[telemetry_pb2.Evaluation] = []

@@ -28,18 +28,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-from amprl import errors
+from amprl import algos, errors
 from amprl.common.supervise import Supervisor
 from amprl.wire.compressed import ErrorFeedback
 from amprl.config import ExperimentConfig
 from amprl.core import BatchSource, ParameterServer
 from amprl.envs.spec import EnvSpec
-from amprl.learner.algos import make_algo
 from amprl.learner.feed import ReplayFeed
 from amprl.learner.precision import Precision
 from amprl.learner.pushes import PushWindow
 from amprl.learner.weights import WeightSync
-from amprl.rl.models import build_model
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +100,8 @@ class Learner:
         self.learner_id = learner_id
         self.device = pick_device(device or self.lcfg.device)
         torch.manual_seed(cfg.run.seed)
-        self.model = build_model(cfg, spec).to(self.device)
-        self.algo = make_algo(cfg, self.model, self.device)
+        self.model = algos.build_model(cfg, spec).to(self.device)
+        self.algo = algos.builder(cfg.algo).make_learner(cfg, self.model, self.device)
         self.precision = Precision(self.lcfg.precision, self.device, list(self.model.parameters()))
         self.compressor = ErrorFeedback(self.lcfg.grad_encoding, block_size=self.lcfg.onebit_block_size,
                                         min_elements=self.lcfg.onebit_min_elements,

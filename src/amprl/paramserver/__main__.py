@@ -43,8 +43,8 @@ log = logging.getLogger("amprl.paramserver")
 
 
 def default_model(cfg: ExperimentConfig) -> nn.Module:
+    from amprl.algos import build_model
     from amprl.envs.factory import env_spec
-    from amprl.rl.models import build_model
 
     return build_model(cfg, env_spec(cfg.env))
 

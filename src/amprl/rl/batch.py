@@ -2,7 +2,8 @@
 
 Replay and actors hold transitions as frames plus index arrays (each frame once); a batch
 rebuilds the observation stacks with one gather *on the target device*, so uint8 frames
-cross to the GPU once and are cast to float inside the model.
+cross to the GPU once and are cast to float inside the model. A learner's sampled batches
+come with their stacks built (``sampled_to_tensors``).
 """
 
 from __future__ import annotations
@@ -88,3 +89,21 @@ def weights_or_ones(batch: Batch, like: torch.Tensor) -> torch.Tensor:
     if batch.weights is None:
         return torch.ones_like(like)
     return batch.weights.to(like.dtype)
+
+
+def _tensor(x: np.ndarray, device: torch.device, pin: bool) -> torch.Tensor:
+    # sampled arrays may be read-only views of the gRPC message; torch needs its own memory
+    x = np.ascontiguousarray(x) if x.flags.writeable else np.array(x)
+    t = torch.from_numpy(x)
+    if pin:
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def sampled_to_tensors(s, device: torch.device, pin: bool = False) -> tuple[Batch, np.ndarray]:
+    """A sampled replay batch (``SampledBatch``) as device tensors, plus its keys (kept on
+    the host): ``Algorithm.to_tensors`` of the algorithms that need nothing else."""
+    d = device
+    return Batch(obs=_tensor(s.obs, d, pin), actions=_tensor(s.actions, d, pin),
+                 rewards=_tensor(s.rewards, d, pin), discounts=_tensor(s.discounts, d, pin),
+                 next_obs=_tensor(s.next_obs, d, pin), weights=_tensor(s.weights, d, pin)), s.keys

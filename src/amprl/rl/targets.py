@@ -57,12 +57,12 @@ class TargetNetwork:
 
     Typical use, DQN (``version`` = the parameter server's version of the online weights)::
 
-        target = TargetNetwork.for_dqn(online, cfg.dqn)
+        target = TargetNetwork(online, tau=cfg.dqn.tau, period=cfg.dqn.target_update_period)
         ...  # after loading new online weights at version v
         target.maybe_update(online, v)
 
-    TD3 updates its targets with tau on each delayed policy update: pass a counter of
-    policy updates as ``version`` (``TargetNetwork.for_td3``).
+    TD3 updates its targets with tau on each delayed policy update: it passes a counter of
+    policy updates as ``version`` (``amprl.algos.td3.learning``).
     """
 
     def __init__(self, online: nn.Module, *, tau: float = 0.0, period: int = 1, version: int = 0):
@@ -77,14 +77,6 @@ class TargetNetwork:
         """Version of the online weights the target last moved towards (or copied)."""
         self.updates = 0
         """Hard copies or soft updates done."""
-
-    @classmethod
-    def for_dqn(cls, online: nn.Module, dqn_cfg, version: int = 0) -> "TargetNetwork":
-        return cls(online, tau=dqn_cfg.tau, period=dqn_cfg.target_update_period, version=version)
-
-    @classmethod
-    def for_td3(cls, online: nn.Module, td3_cfg, version: int = 0) -> "TargetNetwork":
-        return cls(online, tau=td3_cfg.tau, version=version)
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)

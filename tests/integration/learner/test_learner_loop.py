@@ -21,7 +21,7 @@ from amprl.paramserver.client import ParameterClient
 from amprl.paramserver.service import create_server as create_ps
 from amprl.replay.client import ReplayClient
 from amprl.replay.service import create_server as create_replay
-from amprl.rl.models import build_model
+from amprl.algos import build_model
 from amprl.rl.transitions import Chunk
 
 

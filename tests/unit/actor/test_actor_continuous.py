@@ -8,10 +8,10 @@ import numpy as np
 import torch
 
 from amprl.actor.actor import Actor
+from amprl.algos.td3.losses import td3_td_abs
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
 from amprl.rl.batch import Batch
-from amprl.rl.td3 import td3_td_abs
 
 
 def make_actor(**overrides):
@@ -60,10 +60,10 @@ def test_acting_policy_equals_the_models_actor_after_weight_changes():
     with torch.no_grad():
         for p in actor.model.actor.parameters():
             p.mul_(-1.5)
-    actor.policy.sync()
+    actor.behaviour.policy.sync()
     with torch.no_grad():
         want = actor.model.actor(torch.from_numpy(obs)).numpy()
-    np.testing.assert_allclose(actor.policy(obs), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(actor.behaviour.policy(obs), want, rtol=1e-5, atol=1e-6)
 
 
 def test_priorities_equal_the_td3_td_error_of_the_actors_networks_over_each_chunk():

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from amprl.actor.actor import Actor
-from amprl.rl.acting import ActingQNetwork, native_bf16
+from amprl.algos import build_model
+from amprl.algos.dqn import losses
+from amprl.algos.dqn.acting import ActingQNetwork
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
-from amprl.rl import dqn
+from amprl.rl.acting import native_bf16
 from amprl.rl.batch import Batch
-from amprl.rl.models import build_model
 
 
 def chunks_of(actor: Actor, env_steps: int):
@@ -32,7 +33,7 @@ def chunks_of(actor: Actor, env_steps: int):
 def reference_td_abs(model, chunk, spec) -> np.ndarray:
     batch = Batch.from_chunk(chunk, frame_stack=spec.frame_stack)
     with torch.no_grad():
-        return dqn.dqn_td_abs(model, model, batch, double=True).float().numpy()
+        return losses.dqn_td_abs(model, model, batch, double=True).float().numpy()
 
 
 @pytest.mark.parametrize("overrides", [
@@ -63,7 +64,7 @@ def test_bf16_runs_act_and_score_with_a_bf16_copy_close_to_fp32():
                                  "env.max_episode_steps=30", "actor.envs_per_actor=2"])
     spec = env_spec(cfg.env)
     actor = Actor(cfg, spec, "actor-prio", replay=None, paramserver=None)
-    assert actor.q_net.dtype == torch.bfloat16
+    assert actor.behaviour.q_net.dtype == torch.bfloat16
     items = chunks_of(actor, 60 * cfg.actor.envs_per_actor)
     bf16 = copy.deepcopy(actor.model).to(torch.bfloat16)
     for chunk, prios, _ in items[:3]:

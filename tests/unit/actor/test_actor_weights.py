@@ -12,7 +12,7 @@ from amprl.actor.actor import Actor
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
 from amprl.paramserver.client import Pulled
-from amprl.rl.models import build_model
+from amprl.algos import build_model
 
 
 class StubParameterServer:

@@ -10,7 +10,8 @@ import pytest
 from amprl.config import EnvConfig, load_config
 from amprl.envs.factory import check_env_id, env_spec, make_env, suite
 from amprl.errors import ConfigError
-from amprl.rl.models import TD3Model, build_model
+from amprl.algos import build_model
+from amprl.algos.td3.networks import TD3Model
 
 
 def test_unknown_ids_are_config_errors_naming_the_id():

@@ -10,7 +10,7 @@ from amprl.config import load_config
 from amprl.envs.factory import env_spec
 from amprl.evaluator import evaluator as evaluator_mod
 from amprl.evaluator.evaluator import Evaluator
-from amprl.rl.models import build_model
+from amprl.algos import build_model
 from amprl.paramserver.client import Pulled
 
 

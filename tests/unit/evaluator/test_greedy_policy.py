@@ -4,10 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from amprl.rl.acting import GreedyPolicy
+from amprl.algos import build_model, builder
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
-from amprl.rl.models import build_model
 
 
 @pytest.mark.parametrize("overrides", [
@@ -19,7 +18,7 @@ def test_greedy_actions_equal_the_models_after_weight_changes(overrides):
     cfg = load_config(overrides=overrides)
     spec = env_spec(cfg.env)
     model = build_model(cfg, spec).eval()
-    policy = GreedyPolicy(model, spec.discrete)
+    policy = builder(cfg.algo).make_greedy_policy(model)
     obs = np.random.default_rng(0).standard_normal((64, *spec.obs_shape)).astype(np.float32)
     with torch.no_grad():
         for p in model.parameters():

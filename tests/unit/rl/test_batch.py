@@ -9,11 +9,11 @@ import torch
 from amprl.actor.nstep import NStepChunker, stacked
 from amprl.config import load_config
 from amprl.envs.spec import EnvSpec
+from amprl.algos import build_model
+from amprl.algos.dqn.losses import dqn_loss, dqn_td_abs
+from amprl.algos.td3.losses import td3_actor_loss, td3_critic_loss, td3_td_abs
 from amprl.rl.batch import Batch
-from amprl.rl.dqn import dqn_loss, dqn_td_abs
-from amprl.rl.models import build_model
 from amprl.rl.targets import make_target, soft_update
-from amprl.rl.td3 import td3_actor_loss, td3_critic_loss, td3_td_abs
 
 ATARI = EnvSpec((84, 84), np.dtype(np.uint8), 4, True, num_actions=6)
 CHEETAH = EnvSpec((17,), np.dtype(np.float32), 1, False, action_dim=6,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from amprl.config import DQNConfig, TD3Config
 from amprl.rl.targets import TargetNetwork, hard_update, make_target, soft_update
 
 
@@ -44,7 +43,7 @@ def test_make_target_is_frozen_copy():
 
 def test_hard_copy_every_period_versions():
     online = net(0)
-    tn = TargetNetwork.for_dqn(online, DQNConfig(target_update_period=3, tau=0.0))
+    tn = TargetNetwork(online, period=3)
     copied = []
     for v in range(1, 8):
         with torch.no_grad():
@@ -81,7 +80,6 @@ def test_version_going_back_resyncs():
     assert torch.equal(tn.module[2].bias, online[2].bias)
 
 
-def test_td3_target_uses_tau_from_config():
-    tn = TargetNetwork.for_td3(net(0), TD3Config())
-    assert tn.tau == 0.005
+def test_calling_the_target_runs_its_module():
+    tn = TargetNetwork(net(0), tau=0.005)
     assert tn(torch.zeros(1, 3)).shape == (1, 2)

@@ -8,7 +8,9 @@ import torch
 
 from amprl.config import load_config
 from amprl.envs.spec import EnvSpec
-from amprl.rl.models import QNetwork, TD3Model, build_model
+from amprl.algos import build_model
+from amprl.algos.dqn.networks import QNetwork
+from amprl.algos.td3.networks import TD3Model
 
 CARTPOLE = EnvSpec((4,), np.dtype(np.float32), 1, True, num_actions=2)
 ATARI = EnvSpec((84, 84), np.dtype(np.uint8), 4, True, num_actions=6)

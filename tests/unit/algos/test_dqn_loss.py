@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from amprl.rl.batch import Batch
-from amprl.rl.dqn import dqn_loss, dqn_td_abs, dqn_targets, greedy_actions
+from amprl.algos.dqn.losses import dqn_loss, dqn_td_abs, dqn_targets, greedy_actions
 
 ONLINE_Q = [[1.0, 2.0], [3.0, 0.5], [0.0, 4.0]]    # Q_online(s, a) for states s0, s1, s2
 TARGET_Q = [[10.0, 20.0], [5.0, 7.0], [6.0, 1.0]]  # Q_target(s, a)

@@ -1,6 +1,6 @@
-"""DQNAlgo with ``learner.overlap_targets``: the bootstrap targets come from a second thread,
-under the update thread's autocast, and the loss, TD errors and gradients are those of the
-one-thread path."""
+"""DQNAlgo: its target network follows the ``dqn`` section, and with
+``learner.overlap_targets`` the bootstrap targets come from a second thread, under the update
+thread's autocast, with the loss, TD errors and gradients of the one-thread path."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from amprl import errors
+from amprl.algos import build_model
+from amprl.algos.dqn import losses
+from amprl.algos.dqn.learning import DQNAlgo
 from amprl.config import load_config
 from amprl.envs.factory import env_spec
-from amprl.learner.algos import DQNAlgo
-from amprl.rl import dqn
 from amprl.rl.batch import Batch
-from amprl.rl.models import build_model
 
 
 def make_batch(spec, size: int = 32, seed: int = 0) -> Batch:
@@ -49,13 +49,13 @@ def test_overlapped_targets_equal_the_one_thread_path(autocast, monkeypatch):
             for p in algo.target.module.parameters():
                 p.mul_(0.5)
     threads = []
-    original = dqn.dqn_targets
+    original = losses.dqn_targets
 
     def recording(*args, **kwargs):
         threads.append(threading.current_thread().name)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(dqn, "dqn_targets", recording)
+    monkeypatch.setattr(losses, "dqn_targets", recording)
     try:
         for seed in range(2):
             batch = make_batch(spec, seed=seed)
@@ -73,3 +73,10 @@ def test_overlapped_targets_equal_the_one_thread_path(autocast, monkeypatch):
 def test_overlap_targets_is_dqn_only():
     with pytest.raises(errors.ConfigError, match="learner.overlap_targets"):
         load_config("configs/pendulum-td3.yaml", ["learner.overlap_targets=true"])
+
+
+@pytest.mark.parametrize("overrides", [["dqn.target_update_period=3"], ["dqn.tau=0.01"]])
+def test_the_target_network_follows_the_dqn_section(overrides):
+    cfg = load_config(None, ["network.hidden_sizes=[8]", *overrides])
+    algo = DQNAlgo(cfg, build_model(cfg, env_spec(cfg.env)), torch.device("cpu"))
+    assert (algo.target.tau, algo.target.period) == (cfg.dqn.tau, cfg.dqn.target_update_period)

@@ -8,8 +8,8 @@ import torch
 from amprl.config import load_config
 from amprl.envs.spec import EnvSpec
 from amprl.rl.batch import Batch
-from amprl.rl.models import build_model
-from amprl.rl.td3 import (policy_update_due, smoothed_target_actions, td3_actor_loss,
+from amprl.algos import build_model
+from amprl.algos.td3.losses import (policy_update_due, smoothed_target_actions, td3_actor_loss,
                           td3_critic_loss, td3_targets, td3_td_abs)
 
 SPEC = EnvSpec((3,), np.dtype(np.float32), 1, False, action_dim=2,

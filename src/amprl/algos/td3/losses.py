@@ -9,7 +9,7 @@ R is the n-step return and D = gamma^k (0 after a terminal), both from the actor
 (0.2) and c (0.5) are in units of the action half-range, so one config fits any bounds.
 Critic loss: sum over both critics of mean_i(w_i * (Q_j(s_i, a_i) - y_i)^2); the priority
 is |Q1(s, a) - y|. Actor loss: -mean Q1(s, pi(s)), every ``policy_delay`` critic updates,
-when the targets also move by tau (``soft_update``).
+when the targets also move by tau (``amprl.rl.targets.soft_update``).
 
 The actor loss reads the critic with detached parameters, so its gradient reaches the
 actor only: ``critic_loss + actor_loss`` backpropagated once gives the critic gradient
@@ -22,12 +22,8 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call
 
+from amprl.algos.td3.networks import TD3Model
 from amprl.rl.batch import Batch, weights_or_ones
-from amprl.rl.models import TD3Model
-from amprl.rl.targets import hard_update, soft_update
-
-__all__ = ["td3_targets", "td3_critic_loss", "td3_actor_loss", "td3_td_abs",
-           "smoothed_target_actions", "policy_update_due", "soft_update", "hard_update"]
 
 
 def smoothed_target_actions(target: TD3Model, next_obs: torch.Tensor, *, noise: float,

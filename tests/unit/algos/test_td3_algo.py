@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from amprl.algos import build_model, builder
+from amprl.algos.td3.learning import TD3Algo
+from amprl.algos.td3.losses import td3_critic_loss
 from amprl.config import load_config
 from amprl.envs.spec import EnvSpec
-from amprl.learner.algos import TD3Algo, make_algo
 from amprl.rl.batch import Batch
-from amprl.rl.models import build_model
-from amprl.rl.td3 import td3_critic_loss
 
 SPEC = EnvSpec((3,), np.dtype(np.float32), 1, False, action_dim=1, action_low=(-2.0,), action_high=(2.0,))
 
@@ -20,7 +20,7 @@ def setup(**overrides):
                                  *[f"td3.{k}={v}" for k, v in overrides.items()]])
     torch.manual_seed(0)
     model = build_model(cfg, SPEC)
-    return cfg, model, make_algo(cfg, model, torch.device("cpu"))
+    return cfg, model, builder("td3").make_learner(cfg, model, torch.device("cpu"))
 
 
 def batch(n=32, seed=0):

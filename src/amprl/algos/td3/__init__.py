@@ -1,0 +1,1 @@
+"""TD3 (Fujimoto et al. 2018), n-step and prioritized, for continuous actions."""
