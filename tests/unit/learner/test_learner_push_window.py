@@ -49,6 +49,7 @@ class FakePS:
         self.version = version if version is not None else self.version + 1
         r.version = self.version
         r.incarnation = 1  # one server life throughout
+        r.staleness = 0
         r.weights = []  # a real reply's repeated field: empty unless return_weights
         self.pushes[i][3].set_result(r)
 
@@ -270,7 +271,7 @@ def test_a_reply_older_than_the_loaded_weights_is_neither_swapped_in_nor_a_rollb
     learner.weights.version = 9  # a pull brought version 9 before the reply of the push that made 8
 
     class Reply:
-        version = 8
+        version, staleness = 8, 0
         weights = [encode(n, w, "fp32") for n, w in ps.weights.items()]
     assert learner.weights.offer_weights(Reply())  # no pull needed: the replica is newer
     assert learner.weights.pending is None
@@ -286,7 +287,7 @@ def test_a_reply_offered_while_newer_weights_are_being_loaded_is_not_a_rollback(
     learner.weights.pending = (10, weights)
 
     class Reply:
-        version = 8
+        version, staleness = 8, 0
         weights = [encode(n, w, "fp32") for n, w in ps.weights.items()]
     load = learner.weights.load
     offered = []
@@ -367,7 +368,7 @@ def test_a_push_reply_from_a_new_server_incarnation_resyncs_even_at_a_higher_ver
     ps.weights = {n: torch.full_like(w, 0.25) for n, w in ps.weights.items()}
 
     class Reply:
-        version, incarnation, weights = 50, 2, []
+        version, incarnation, weights, staleness = 50, 2, [], 0
     ps.pushes[1][3].set_result(Reply())
     assert learner.weights.resync.is_set() and learner.weights.want_pull.is_set()
     assert learner.stats.pushes_applied == 1  # the new life's reply is not taken as ours
