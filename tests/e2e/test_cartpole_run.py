@@ -32,6 +32,10 @@ def test_cartpole_learns_through_the_distributed_system(tmp_path, amprl_run):
     assert list((run_dir / "checkpoints").iterdir()), "no final checkpoint"
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert evals and evals[-1]["mean_return"] == summary["final_eval_return"]
+    # the best-scoring weights are kept, with the config that rebuilds their network
+    best = summary["best"]
+    assert best["mean_return"] == summary["best_eval_return"]
+    assert (run_dir / best["weights"]).exists() and (run_dir / best["config"]).exists()
 
 
 def test_unknown_config_key_fails_before_any_process_starts(tmp_path, amprl_run):

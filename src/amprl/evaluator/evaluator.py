@@ -3,12 +3,20 @@
 Runs ``episodes`` episodes side by side (one env each, one batched forward pass per step),
 without training-only wrappers (Atari: real game score, no life-loss terminals), and
 records mean/std return with the fleet's env steps and the wall time of the measurement.
+
+With a run folder it also keeps the best-scoring weights so far in ``RUN/best/``:
+``weights-v<version>.pt`` (a state dict of fp32 CPU tensors, ``torch.load(...,
+weights_only=True)``), ``config.yaml`` (what rebuilds the network:
+``amprl.algos.build_model``) and ``best.json`` (the evaluation, and which weights file it
+scored), written last and atomically, so a reader never pairs a record with other weights.
+A run that goes on past its best moment still has it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -18,7 +26,7 @@ import torch
 
 from amprl import algos, errors
 from amprl.rl.exploration import derive_seed
-from amprl.config import ExperimentConfig
+from amprl.config import ExperimentConfig, dump_config
 from amprl.core import TransitionSink, WeightSource
 from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
@@ -70,6 +78,8 @@ class Evaluator:
         self.incarnation = 0  # the parameter server's incarnation of the weights held
         self.evaluations: list[telemetry_pb2.Evaluation] = []
         self.history_path = Path(run_dir) / "eval.jsonl" if run_dir else None
+        self.best_dir = Path(run_dir) / "best" if run_dir else None
+        self.best: telemetry_pb2.Evaluation | None = None
         base = derive_seed(cfg.run.seed, client_id)
         self.envs = [make_env(cfg.env, training=False) for _ in range(cfg.evaluator.episodes)]
         self._seed_base = base
@@ -120,7 +130,32 @@ class Evaluator:
                     "wall_seconds": round(ev.wall_seconds, 3), "unix_time": ev.unix_time}) + "\n")
         log.info("eval v%d: %.1f ± %.1f over %d episodes (env steps %d)", ev.param_version,
                  ev.mean_return, ev.std_return, ev.episodes, ev.env_steps)
+        if self.best_dir is not None and (self.best is None or ev.mean_return > self.best.mean_return):
+            self._keep_best(ev)
         return ev
+
+    @torch.no_grad()
+    def _keep_best(self, ev: telemetry_pb2.Evaluation) -> None:
+        """Writes the weights just evaluated as the run's best (module docstring)."""
+        assert self.best_dir is not None
+        self.best_dir.mkdir(parents=True, exist_ok=True)
+        name = f"weights-v{ev.param_version}.pt"
+        tmp = self.best_dir / f".{name}.tmp"
+        torch.save({n: p.detach().float().cpu().clone() for n, p in self._params.items()}, tmp)
+        os.replace(tmp, self.best_dir / name)
+        if not (self.best_dir / "config.yaml").exists():
+            dump_config(self.cfg, self.best_dir / "config.yaml")
+        record = {"param_version": ev.param_version, "mean_return": ev.mean_return,
+                  "std_return": ev.std_return, "episodes": ev.episodes, "env_steps": ev.env_steps,
+                  "wall_seconds": round(ev.wall_seconds, 3), "unix_time": ev.unix_time,
+                  "weights": name, "config": "config.yaml"}
+        tmp = self.best_dir / ".best.json.tmp"
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, self.best_dir / "best.json")
+        for old in self.best_dir.glob("weights-v*.pt"):
+            if old.name != name:
+                old.unlink(missing_ok=True)
+        self.best = ev
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

@@ -267,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     if failure:
         print(f"amprl run: {failure}", file=sys.stderr, flush=True)
     if summary:
+        best = run_dir / "best" / "best.json"  # the evaluator's best-scoring weights
+        if best.exists():
+            record = json.loads(best.read_text())
+            summary["best"] = {"param_version": record["param_version"],
+                               "mean_return": record["mean_return"],
+                               "weights": f"best/{record['weights']}", "config": "best/config.yaml"}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(json.dumps({k: v for k, v in summary.items() if k != "error"}), flush=True)
     return 1 if failure else (130 if interrupted["flag"] else 0)

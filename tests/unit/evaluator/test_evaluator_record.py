@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -44,3 +45,47 @@ def test_the_record_carries_the_time_its_weights_were_pulled_not_when_its_episod
     assert record.unix_time - before < 0.3  # taken at the pull, before the 0.5 s of episodes
     assert ev.evaluate_once() is None  # nothing new: no record
     assert torch.equal(ev._params[next(iter(weights))], next(iter(weights.values())))
+
+
+class TwoVersionsPS:
+    """Serves versions 1, 2, 3 in turn, each with its own weights."""
+
+    def __init__(self, weights_by_version):
+        self.weights_by_version = weights_by_version
+
+    def pull_versioned(self, have_version=0, have_incarnation=0, *, encoding="fp32", timeout=None):
+        version = have_version + 1
+        return Pulled(version, 1, {k: v.clone() for k, v in self.weights_by_version[version].items()})
+
+
+def test_the_best_scoring_weights_are_kept_with_what_rebuilds_their_network(tmp_path, monkeypatch):
+    cfg = load_config(None, ["network.hidden_sizes=[8]", "evaluator.episodes=2"])
+    spec = env_spec(cfg.env)
+    by_version = {}
+    for version in (1, 2, 3):
+        torch.manual_seed(version)
+        by_version[version] = {n: p.detach().clone() for n, p in build_model(cfg, spec).named_parameters()}
+    ev = Evaluator(cfg, spec, TwoVersionsPS(by_version), replay=None, run_dir=str(tmp_path))
+    scores = iter([[10.0, 12.0], [50.0, 70.0], [20.0, 20.0]])  # version 2 scores best
+    monkeypatch.setattr(evaluator_mod, "run_episodes", lambda *a, **k: next(scores))
+    for _ in range(3):
+        ev.evaluate_once()
+    best = json.loads((tmp_path / "best" / "best.json").read_text())
+    assert best["param_version"] == 2 and best["mean_return"] == 60.0
+    assert sorted(p.name for p in (tmp_path / "best").glob("weights-v*.pt")) == ["weights-v2.pt"]
+    state = torch.load(tmp_path / "best" / best["weights"], weights_only=True)
+    model = build_model(load_config(tmp_path / "best" / best["config"]), spec)
+    model.load_state_dict(state)  # the config rebuilds the network the weights fit
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), by_version[2][name])
+
+
+def test_without_a_run_folder_nothing_is_written(tmp_path, monkeypatch):
+    cfg = load_config(None, ["network.hidden_sizes=[8]", "evaluator.episodes=2"])
+    spec = env_spec(cfg.env)
+    weights = {n: p.detach().clone() for n, p in build_model(cfg, spec).named_parameters()}
+    ev = Evaluator(cfg, spec, OnePullPS(weights), replay=None)
+    monkeypatch.setattr(evaluator_mod, "run_episodes", lambda *a, **k: [1.0, 1.0])
+    monkeypatch.chdir(tmp_path)
+    ev.evaluate_once()
+    assert ev.best_dir is None and not list(tmp_path.iterdir())
