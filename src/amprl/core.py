@@ -134,7 +134,7 @@ class Behaviour(Protocol):
                                    next_frames, reset_frames)
     """
 
-    def act(self, obs: np.ndarray, env_steps: int) -> tuple[np.ndarray, Sequence]:
+    def act(self, obs: np.ndarray, env_steps: int) -> tuple[np.ndarray, Sequence | np.ndarray]:
         """Actions for observations ``[N, *obs_shape]`` after the actor's first
         ``env_steps`` env steps: as an array (what the chunker stores) and as the envs
         take them."""

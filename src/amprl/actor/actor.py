@@ -221,7 +221,9 @@ class Actor:
 
     def start(self) -> None:
         try:
-            self._load(*self.ps.pull_versioned(0, 0, timeout=60.0))
+            pulled = self.ps.pull_versioned(0, 0, timeout=60.0)
+            assert pulled.weights is not None  # have_version 0 means none held: weights always come
+            self._load(pulled.version, pulled.incarnation, pulled.weights)
         except errors.AmprlError as exc:
             log.warning("initial pull failed (%s); acting with the seeded initial weights", exc)
         for target, name in ((self._send_loop, "send"), (self._pull_loop, "pull")):
@@ -240,9 +242,9 @@ class Actor:
         torch.set_num_threads(self.cfg.deploy.actor_torch_threads)
         n = len(self.envs)
         first = []
-        for i, env in enumerate(self.envs):
-            frame, _ = env.reset(seed=self.seed + i)
-            env.action_space.seed(self.seed + i)
+        for k, env in enumerate(self.envs):
+            frame, _ = env.reset(seed=self.seed + k)
+            env.action_space.seed(self.seed + k)
             first.append(frame)
         self.chunker.reset(np.stack(first))
         envs = self.envs

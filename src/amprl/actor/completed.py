@@ -42,6 +42,7 @@ class CompletedTransitions:
         """Appends ``len(rewards)`` transitions; ``scores``: their (Q, V, waiting env), for
         a scoring actor."""
         c, k = self.count, rewards.shape[0]
+        assert self.actions is not None, "allocate_actions first"
         self.obs[c:c + k] = obs
         self.actions[c:c + k] = actions
         self.rewards[c:c + k] = rewards
@@ -77,6 +78,7 @@ class CompletedTransitions:
 
     def take(self, T: int, frames: FrameLog) -> Chunk:
         """The first ``T`` transitions as a chunk, with the distinct ``frames`` they use."""
+        assert self.actions is not None, "allocate_actions first"
         used, idx = frames.pack(np.concatenate((self.obs[:T], self.next_obs[:T])))
         chunk = Chunk(
             frames=used,

@@ -63,6 +63,16 @@ class NStepChunker:
                 send(chunk)
     """
 
+    # State that the first reset allocates (_allocate), declared here for type checkers.
+    _t: int
+    _ep_start: np.ndarray
+    _r_obs: np.ndarray
+    _r_rew: np.ndarray
+    _r_act: np.ndarray | None
+    _r_q: np.ndarray
+    _completed: CompletedTransitions
+    _zeros_v: np.ndarray
+
     def __init__(self, num_envs: int, n_step: int, gamma: float, frame_stack: int,
                  chunk_transitions: int):
         if num_envs < 1:
@@ -219,7 +229,7 @@ class NStepChunker:
         t = self._t
         s = t % n
         if self._r_act is None:
-            self._allocate_actions(actions)
+            self._r_act = self._allocate_actions(actions)
         self._r_obs[:, s] = self._stack
         self._r_act[:, s] = actions
         self._r_rew[:, s] = rewards
@@ -319,7 +329,7 @@ class NStepChunker:
         self._latest_start = 0
         self._r_obs = np.zeros((N, n, S), dtype=np.int64)
         self._r_rew = np.zeros((N, n), dtype=np.float64)
-        self._r_act: np.ndarray | None = None
+        self._r_act = None
         self._r_q = np.zeros((N, n), dtype=np.float32)  # step_scored: Q(s_t, a_t)
         self._r_obs_flat = self._r_obs.reshape(N * n, S)  # views, row = env * n + slot
         self._r_q_flat = self._r_q.reshape(N * n)
@@ -329,13 +339,15 @@ class NStepChunker:
         self._step_v = self._zeros_v
         self._step_wait = np.full(N, -1, dtype=np.int64)
 
-    def _allocate_actions(self, actions) -> None:
+    def _allocate_actions(self, actions) -> np.ndarray:
+        """The actions ring (``_r_act``), shaped and typed as the first step's ``actions``."""
         a = np.asarray(actions)
         dtype = np.int64 if a.dtype.kind in "iub" else np.float32
         shape = tuple(a.shape[1:])
-        self._r_act = np.zeros((self.num_envs, self.n_step, *shape), dtype=dtype)
-        self._r_act_flat = self._r_act.reshape(self.num_envs * self.n_step, *shape)
+        r_act = np.zeros((self.num_envs, self.n_step, *shape), dtype=dtype)
+        self._r_act_flat = r_act.reshape(self.num_envs * self.n_step, *shape)
         self._completed.allocate_actions(shape, dtype)
+        return r_act
 
     def _oldest_live(self) -> int:
         """The oldest frame id a stack, a pending window or a completed transition uses."""
@@ -347,11 +359,13 @@ class NStepChunker:
     def _push(self, envs, slots, rets, disc, next_ids) -> None:
         """Completes the transitions of ``envs`` (indices, or ``_all``) that start in ring
         ``slots`` (one slot, or one per env)."""
+        rings: tuple[np.ndarray, ...]
         if envs is not self._all:
             # one flat gather per ring: cheaper than indexing with two arrays
             slots = envs * self.n_step + slots
             rings = (self._r_obs_flat, self._r_act_flat, self._r_q_flat)
         else:
+            assert self._r_act is not None  # allocated by the first _record
             rings = (self._r_obs, self._r_act, self._r_q)
             slots = (self._all, slots)
         scores = (rings[2][slots], self._step_v[envs], self._step_wait[envs]) if self._scored else None

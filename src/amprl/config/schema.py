@@ -59,7 +59,7 @@ def _schema(tp: Any) -> dict:
             if b.min_items:
                 out["minItems"] = b.min_items
         return out
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return section_schema(tp)
     out = {"type": _SCALARS[tp]}
     for b in bounds:

@@ -20,8 +20,13 @@ computes for a downscale), so preprocessing needs NumPy only, not opencv.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import gymnasium as gym
 import numpy as np
+
+if TYPE_CHECKING:
+    from ale_py.env import AtariEnv
 
 
 def area_weights(src: int, dst: int) -> np.ndarray:
@@ -85,7 +90,7 @@ class AtariPreprocessing(gym.Wrapper):
             raise ValueError(f"frame_skip ({frame_skip}) must be >= 1")
         if noop_max < 0:
             raise ValueError(f"noop_max ({noop_max}) must be >= 0")
-        base = env.unwrapped
+        base = cast("AtariEnv", env.unwrapped)
         if getattr(base, "_frameskip", 1) != 1:
             raise ValueError("AtariPreprocessing needs the ALE env created with frameskip=1")
         self.ale = base.ale

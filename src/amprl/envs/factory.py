@@ -11,6 +11,7 @@ message before any process starts.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -90,7 +91,7 @@ def make_env(cfg: EnvConfig, seed: int | None = None, *, training: bool = True) 
                          sticky_action_prob=cfg.atari_sticky_action_prob,
                          max_episode_steps=cfg.max_episode_steps)
     else:
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if cfg.max_episode_steps:
             kwargs["max_episode_steps"] = cfg.max_episode_steps
         env = gym.make(registered_id(cfg.id), **kwargs)

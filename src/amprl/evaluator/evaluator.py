@@ -42,9 +42,9 @@ def run_episodes(policy, spec: EnvSpec, envs: list, seeds: list[int], epsilon: f
     from amprl.envs.stacking import FrameStacks
     n = len(envs)
     stacks = FrameStacks(n, spec)
-    for i, env in enumerate(envs):
-        frame, _ = env.reset(seed=seeds[i])
-        stacks.reset(i, frame)
+    for k, env in enumerate(envs):
+        frame, _ = env.reset(seed=seeds[k])
+        stacks.reset(k, frame)
     returns = np.zeros(n)
     live = np.ones(n, dtype=bool)
     while live.any():
@@ -53,7 +53,7 @@ def run_episodes(policy, spec: EnvSpec, envs: list, seeds: list[int], epsilon: f
         if epsilon > 0 and spec.discrete:
             explore = rng.random(len(idx)) < epsilon
             actions = np.where(explore, rng.integers(spec.num_actions, size=len(idx)), actions)
-        for j, i in enumerate(idx):
+        for j, i in enumerate(idx.tolist()):
             frame, reward, terminated, truncated, _ = envs[i].step(actions[j])
             returns[i] += float(reward)
             if terminated or truncated:

@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from amprl import errors
 from amprl.config import dump_config, load_config
@@ -69,7 +70,8 @@ class Progress:
     def poll(self) -> None:
         import grpc
         replay_pb2, paramserver_pb2, telemetry_pb2 = self._pb
-        calls = [
+        # (the Info method, its request, what reads the response)
+        calls: list[tuple[Callable[..., Any], Any, Callable[[Any], None]]] = [
             (self.replay.Info, replay_pb2.ReplayServiceInfoRequest(), self._on_replay),
             (self.ps.Info, paramserver_pb2.ParameterServiceInfoRequest(), self._on_ps),
             (self.learner.Info, telemetry_pb2.LearnerServiceInfoRequest(), self._on_learner),

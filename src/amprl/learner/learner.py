@@ -219,7 +219,7 @@ class Learner:
         params = [self._params[n] for n in names if self._params[n].grad is not None]
         # clip_grad_norm_, without its multiply by 1.0 of every gradient when the norm is
         # under the limit (the common case): the same gradients, one pass fewer
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         norm_value = float(norm)
         finite = math.isfinite(norm_value)
         if finite and norm_value > self.lcfg.grad_clip_norm:
@@ -232,8 +232,7 @@ class Learner:
         if not finite:
             self.stats.skipped_nonfinite += 1
             return True
-        self.pushes.add({n: self._params[n].grad for n in names if self._params[n].grad is not None},
-                        len(keys))
+        self.pushes.add({n: g for n in names if (g := self._params[n].grad) is not None}, len(keys))
         if self.lcfg.sync == "synchronous":
             last = self.pushes.inflight[-1] if self.pushes.inflight else None
             self.pushes.drain(0)

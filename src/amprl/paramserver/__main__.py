@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None,
     def on_stop() -> None:
         ps.servicer.close()  # end watch streams so the grace period is not spent on them
         if ps.pull_server is not None:
-            ps.pull_server.health_servicer.enter_graceful_shutdown()
+            # grpcutil.create_server attaches health_servicer to the grpc.Server
+            ps.pull_server.health_servicer.enter_graceful_shutdown()  # type: ignore[attr-defined]
             pull_stopped.append(ps.pull_server.stop(5.0))
         if periodic:
             periodic.stop()

@@ -5,20 +5,22 @@ a chain of Linear and ReLU layers run as ``addmm``/``relu_`` over copies of its 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 
 def native_bf16() -> bool:
     """True when this CPU computes bf16 matrix products natively (AVX512-BF16 or AMX)."""
-    cpu = getattr(torch, "cpu", None)
+    cpu: Any = getattr(torch, "cpu", None)  # private probes: None or missing raise AttributeError
     try:
         return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
     except AttributeError:  # an older torch without the probes: assume not
         return False
 
 
-def linear_chain(seq: torch.nn.Module) -> list[tuple[torch.nn.Linear, bool]] | None:
+def linear_chain(seq: torch.nn.Module | None) -> list[tuple[torch.nn.Linear, bool]] | None:
     """``[(linear, relu after it)]`` of a Sequential of biased Linear and ReLU layers, or None."""
     if not isinstance(seq, torch.nn.Sequential):
         return None

@@ -74,7 +74,7 @@ def epsilon_greedy(greedy: np.ndarray, epsilon: float, num_actions: int,
                    rng: np.random.Generator) -> np.ndarray:
     """Replaces each greedy action by a uniform random one with probability ``epsilon``."""
     greedy = np.asarray(greedy, dtype=np.int64)
-    explore = rng.random(greedy.shape[0]) < epsilon
+    explore = rng.random(len(greedy)) < epsilon
     if not explore.any():
         return greedy
     out = greedy.copy()

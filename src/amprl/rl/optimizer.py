@@ -68,7 +68,9 @@ class OptimizerRule:
             lr = self.lr_at(version)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-        momentum_only, params, tensors = [], [], []
+        momentum_only = []
+        params: list[torch.Tensor] = []  # nn.Parameters, as torch's functional Adam takes them
+        tensors: list[torch.Tensor] = []
         for name, g in grads.items():
             p = self.params[name]
             g = g.to(p.device, torch.float32)
@@ -84,7 +86,7 @@ class OptimizerRule:
             self._momentum_step(p, g)
 
     @torch.no_grad()
-    def _adam_step(self, params: list[nn.Parameter], grads: list[torch.Tensor]) -> None:
+    def _adam_step(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         """``self.optimizer.step()`` for ``params`` with ``grads``, through torch's functional
         Adam on the optimizer's own state (the same tensors, initialised as torch does, so
         checkpoints and ``torch.optim.Adam`` see no difference). The optimizer object's
@@ -133,7 +135,7 @@ class OptimizerRule:
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: dict) -> None:
         """Restores ``state_dict()`` output; this rule's hyperparameters (lr, eps, betas)
         win over the saved ones (a resumed run may change its lr)."""
         hyper = [{k: g[k] for k in ("lr", "eps", "betas")} for g in self.optimizer.param_groups]

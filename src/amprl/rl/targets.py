@@ -20,8 +20,8 @@ def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """theta' <- tau * theta + (1 - tau) * theta' for every parameter; buffers are copied."""
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"tau ({tau}) must be in [0, 1]")
-    t_params = list(target.parameters())
-    o_params = list(online.parameters())
+    t_params: list[torch.Tensor] = list(target.parameters())
+    o_params: list[torch.Tensor] = list(online.parameters())
     if len(t_params) != len(o_params):
         raise ValueError(f"target has {len(t_params)} parameters, online has {len(o_params)}")
     if t_params:

@@ -10,7 +10,7 @@ as ``amprl.v1.SampleResponse`` and ``amprl.replay.client`` rebuilds it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -64,6 +64,6 @@ class SampledBatch:
 
     def split(self, batch_size: int) -> list["SampledBatch"]:
         """Consecutive sub-batches of ``batch_size`` (views; the last may be shorter)."""
-        return [SampledBatch(*(getattr(self, f.name)[i:i + batch_size] for f in fields(self) if f.name != "size"),
-                             size=self.size)
+        return [replace(self, **{f.name: getattr(self, f.name)[i:i + batch_size]
+                                 for f in fields(self) if f.name != "size"})
                 for i in range(0, len(self), batch_size)]

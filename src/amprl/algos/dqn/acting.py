@@ -6,6 +6,7 @@ the evaluator's greedy policy (``GreedyQPolicy``).
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import numpy as np
 import torch
@@ -102,15 +103,15 @@ class ActingQNetwork:
         self._net = model
         self._chains = self._mlp_chains(model) if dtype == torch.float32 else None
         self._convs, self._heads = self._cnn_parts(model)
-        if self._convs is not None:
-            self._in_shape = model.trunk._in_shape
+        if self._convs is not None:  # a QNetwork on a NatureTrunk (_cnn_parts)
+            self._in_shape = cast(NatureTrunk, model.trunk)._in_shape
         if dtype != torch.float32 and self._convs is None:
             self._net = copy.deepcopy(model).to(dtype=dtype)
             self._pairs = list(zip(self._net.parameters(), model.parameters()))
         self.sync()
 
     @staticmethod
-    def _heads(model):
+    def _head_chains(model):
         """[value, advantage] (dueling) or [q] chains of a QNetwork's heads, or None."""
         heads = [linear_chain(getattr(model, h, None))
                  for h in (["value", "advantage"] if model.dueling else ["q"])]
@@ -122,7 +123,7 @@ class ActingQNetwork:
         forward is ``trunk.layers(x.reshape(B, -1))`` then its heads, else None."""
         if not (isinstance(model, QNetwork) and isinstance(model.trunk, MLPTrunk)):
             return None
-        trunk, heads = linear_chain(model.trunk.layers), cls._heads(model)
+        trunk, heads = linear_chain(model.trunk.layers), cls._head_chains(model)
         return None if not trunk or heads is None else [trunk, *heads]
 
     @classmethod
@@ -131,7 +132,7 @@ class ActingQNetwork:
         (``_dueling_heads``, or a plain ``q`` head), else (None, None)."""
         if not (isinstance(model, QNetwork) and isinstance(model.trunk, NatureTrunk)):
             return None, None
-        heads = cls._heads(model)
+        heads = cls._head_chains(model)
         if heads is None or (len(heads) == 2 and _foldable_depth(*heads) is None):
             return None, None
         convs = [m for m in model.trunk.convs if isinstance(m, torch.nn.Conv2d)]
@@ -156,6 +157,7 @@ class ActingQNetwork:
                                for c, k in zip(self._convs, scale)]
             heads = (_dueling_heads(*self._heads, transpose_wide=False) if len(self._heads) == 2
                      else chain_plan(self._heads[0], transpose_wide=False))
+            assert heads is not None  # _cnn_parts took only heads that fold
             self._head_plan = [(w.to(dt), b.to(dt), relu, narrow) for w, b, relu, narrow in heads]
 
     @torch.inference_mode()
@@ -236,6 +238,7 @@ class DQNBehaviour:
     def observe(self, chunker, actions, rewards, terminated, truncated, next_frames,
                 reset_frames) -> list[tuple[Chunk, np.ndarray]]:
         q = self._q
+        assert q is not None, "act before observe"
         return chunker.step_scored(
             actions, rewards, terminated, truncated, next_frames, reset_frames,
             q_taken=q[self._rows, actions], values=q.max(axis=1),

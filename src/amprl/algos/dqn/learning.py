@@ -54,12 +54,12 @@ class DQNAlgo:
         targets = None
         if self._targets_thread is not None:
             targets = self._targets_thread.submit(self._targets, batch, _caller_autocast(self.device)).result
-        return losses.dqn_loss(self.model, self.target, batch, **self._target_args,
+        return losses.dqn_loss(self.model, self.target.module, batch, **self._target_args,
                                huber_delta=self.cfg.huber_delta, targets=targets, info=info)
 
     def _targets(self, batch: Batch, autocast) -> torch.Tensor:
         with autocast:  # autocast is per thread: the update thread's, passed on
-            return losses.dqn_targets(self.model, self.target, batch, **self._target_args)
+            return losses.dqn_targets(self.model, self.target.module, batch, **self._target_args)
 
     def close(self) -> None:
         if self._targets_thread is not None:

@@ -5,6 +5,8 @@ actors' exploring behaviour (``TD3Behaviour``).
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 
@@ -27,10 +29,12 @@ class ActingPolicy:
     """
 
     def __init__(self, model: torch.nn.Module):
-        self.model = model
         td3 = isinstance(model, TD3Model)
-        self._chain = linear_chain(model.actor.net) if td3 else None
-        critics = [linear_chain(model.critic1.net), linear_chain(model.critic2.net)] if td3 else None
+        # a TD3Model, or a module answering to its attributes (then off the fast path)
+        self.model = cast(TD3Model, model)
+        self._chain = linear_chain(self.model.actor.net) if td3 else None
+        critics = ([linear_chain(self.model.critic1.net), linear_chain(self.model.critic2.net)]
+                   if td3 else None)
         self._critics = critics if critics and all(critics) else None
         self.sync()
 

@@ -4,6 +4,8 @@ actor and the target networks every ``policy_delay``-th. The learner's loop
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 
@@ -55,7 +57,8 @@ class TD3Algo:
 
     def loss(self, batch: Batch, update_index: int, info: dict | None = None):
         """``(loss, td_abs)`` of ``batch``; ``info`` receives ``q_mean`` (see td3_critic_loss)."""
-        loss, td_abs = losses.td3_critic_loss(self.model, self.target.module, batch,
+        target = cast(TD3Model, self.target.module)  # a copy of self.model
+        loss, td_abs = losses.td3_critic_loss(self.model, target, batch,
                                               noise=self.cfg.target_noise,
                                               noise_clip=self.cfg.target_noise_clip, info=info)
         if self.policy_step(update_index):

@@ -16,6 +16,9 @@ from amprl.rl.networks import mlp, to_float
 class DeterministicActor(nn.Module):
     """pi(s) = tanh(MLP(s)) scaled to [action_low, action_high]."""
 
+    action_scale: torch.Tensor  # buffers (register_buffer), declared for type checkers
+    action_bias: torch.Tensor
+
     def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: list[int],
                  low: torch.Tensor, high: torch.Tensor):
         super().__init__()
@@ -48,6 +51,9 @@ class TD3Model(nn.Module):
     actor's scale/bias) are non-persistent buffers: they follow ``.to(device)`` but are not
     in the state dict.
     """
+
+    action_low: torch.Tensor  # buffers (register_buffer), declared for type checkers
+    action_high: torch.Tensor
 
     def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: list[int],
                  action_low: tuple[float, ...], action_high: tuple[float, ...]):
