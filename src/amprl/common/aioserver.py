@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from amprl.common import grpcutil
+from amprl.common import grpcutil, inbound
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ class AioServer:
 
     async def _start(self, register, host, port, max_message_bytes, keepalive_s) -> None:
         creds = grpcutil.server_credentials()
-        server = grpc.aio.server(options=grpcutil.message_limits(max_message_bytes)
+        server = grpc.aio.server(interceptors=[inbound.AsyncDecodeGuard()],
+                                 options=grpcutil.message_limits(max_message_bytes)
                                  + grpcutil.SERVER_KEEPALIVE + keepalive_options(keepalive_s))
         for add, servicer, name in register:
             add(servicer, server)

@@ -29,6 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from amprl import errors
+from amprl.common import inbound
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str
     """
     creds = server_credentials()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         interceptors=[inbound.DecodeGuard()],
                          options=message_limits(max_message_bytes) + SERVER_KEEPALIVE)
     names = []
     for add, servicer, name in register:

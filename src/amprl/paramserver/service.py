@@ -28,6 +28,7 @@ import grpc
 from torch import nn
 
 from amprl.common import grpcutil
+from amprl.common.inbound import check_id
 from amprl.wire.compressed import encode
 from amprl.config import ExperimentConfig
 from amprl.errors import ConfigError, InvalidArgument, ResourceExhausted
@@ -104,6 +105,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
     def PushGradients(self, request: paramserver_pb2.PushGradientsRequest,
                       context) -> paramserver_pb2.PushGradientsResponse | bytes:
         store = self.store
+        check_id("learner_id", request.learner_id)
         parts = push_parts(request)
         try:
             steps = push_steps(parts, store.shapes, store.device)
@@ -164,7 +166,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
     def PullParameters(self, request: paramserver_pb2.PullParametersRequest,
                        context) -> Iterator[paramserver_pb2.PullParametersResponse | bytes]:
         encoding = pull_encoding(request)
-        self.store.note_client(request.client_id)
+        self.store.note_client(check_id("client_id", request.client_id))
         version, incarnation = self.store.version, self.store.incarnation
         # have_version 0 = "none"; a have_incarnation of another life makes the number moot
         if (request.have_version == version and version != 0
@@ -181,6 +183,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
     @grpcutil.map_errors
     def WatchParameters(self, request: paramserver_pb2.WatchParametersRequest,
                         context) -> Iterator[paramserver_pb2.WatchParametersResponse]:
+        check_id("client_id", request.client_id)
         with self._lock:
             if self._watchers >= self.max_watchers:
                 raise ResourceExhausted(f"{self._watchers} watch streams are open (the limit); "

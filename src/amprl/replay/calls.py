@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from amprl import errors
+from amprl.common.inbound import check_id
 from amprl.envs.spec import EnvSpec
 from amprl.replay.table import ReplayTable, SampleResult
 from amprl.rl.transitions import Chunk
@@ -37,7 +38,8 @@ async def run_in(pool: ThreadPoolExecutor, fn, *args):
 
 def read_insert(request: replay_pb2.InsertRequest, table: ReplayTable) -> tuple[Chunk, np.ndarray]:
     """An InsertRequest's chunk and priorities, their shapes and sizes checked (their
-    values are checked per group, ``check_group``)."""
+    values are checked per group, ``check_group``) and its actor_id's length."""
+    check_id("actor_id", request.actor_id)
     chunk = chunk_from_proto(request.chunk, table.spec, check_values=False)
     priorities = table.check_chunk(
         chunk, tensor_from_proto(request.priorities, "priorities",

@@ -158,6 +158,9 @@ class InsertStreams:
                     request = read.result()
                 except StopAsyncIteration:
                     break
+                except errors.InvalidArgument:  # bytes that do not parse (common.inbound)
+                    await flush()  # the chunks before it are kept, as before any bad chunk
+                    raise
                 finally:
                     read = None
                 waiting_since = time.monotonic()

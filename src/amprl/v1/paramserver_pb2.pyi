@@ -62,7 +62,9 @@ class PushGradientsRequest(_message.Message):
     LEARNER_INCARNATION_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
     learner_id: _builtins.str
-    """Identity of the pushing learner ("learner-0")."""
+    """Identity of the pushing learner ("learner-0"), at most 512 characters (longer:
+    INVALID_ARGUMENT).
+    """
     base_version: _builtins.int
     """Version of the weights the gradient was computed on."""
     batch_size: _builtins.int
@@ -218,7 +220,9 @@ class PullParametersRequest(_message.Message):
     ENCODING_FP16 (halves the bytes; actors and the evaluator may use it).
     """
     client_id: _builtins.str
-    """Identity of the caller ("actor-3", "evaluator"); counted in Info."""
+    """Identity of the caller ("actor-3", "evaluator"), at most 512 characters (longer:
+    INVALID_ARGUMENT); counted in Info.
+    """
     have_incarnation: _builtins.int
     """Incarnation of the weights the caller holds (0 = none or unknown). One other than the
     server's means have_version belongs to an earlier life of the server: the weights are
@@ -303,7 +307,9 @@ class WatchParametersRequest(_message.Message):
     the current version is sent at once).
     """
     client_id: _builtins.str
-    """Identity of the caller; counted in Info."""
+    """Identity of the caller, at most 512 characters (longer: INVALID_ARGUMENT); counted in
+    Info.
+    """
     have_incarnation: _builtins.int
     """Incarnation the caller's have_version belongs to (0 = unknown); another than the
     server's makes the first message go at once.

@@ -108,7 +108,9 @@ class InsertRequest(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
     actor_id: _builtins.str
-    """Stable identity of the inserting actor (pod name, "actor-3"); counted in Info."""
+    """Stable identity of the inserting actor (pod name, "actor-3"), at most 512 characters
+    (longer: INVALID_ARGUMENT); counted in Info.
+    """
     env_steps: _builtins.int
     """Environment steps the actor took since its previous InsertRequest (for progress)."""
     incarnation: _builtins.int

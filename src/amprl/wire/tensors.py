@@ -6,6 +6,8 @@ bfloat16 has no NumPy dtype: it travels as DTYPE_BFLOAT16 and is held in NumPy a
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -73,7 +75,10 @@ def tensor_from_proto(t: tensor_pb2.Tensor, name: str = "tensor", *,
         raise InvalidArgument(f"{name}: negative dimension in shape {shape}")
     if ndim is not None and len(shape) != ndim:
         raise InvalidArgument(f"{name}: rank {len(shape)} (shape {shape}), expected rank {ndim}")
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    n = math.prod(shape)  # exact: an int64 product of [2**32, 2**32] would wrap to 0
+    if math.prod(s for s in shape if s) * dt.itemsize > np.iinfo(np.intp).max:
+        # no elements, yet dimensions no array can have (NumPy refuses shape [0, 2**62])
+        raise InvalidArgument(f"{name}: shape {shape} is larger than any array")
     if len(t.data) != n * dt.itemsize:
         raise InvalidArgument(f"{name}: {len(t.data)} bytes for shape {shape} of "
                               f"{dtype_name(t.dtype)} (expected {n * dt.itemsize})")

@@ -55,7 +55,9 @@ def _decode(t: tensor_pb2.Tensor, name: str, dtype_like: DTypeLike, ndim: int) -
     if t.dtype != _CODES.get(dtype):
         return tensor_from_proto(t, name, dtype=dtype, ndim=ndim)  # raises the exact error
     shape = tuple(t.shape)
-    if len(shape) != ndim or min(shape, default=0) < 0 or len(t.data) != math.prod(shape) * dtype.itemsize:
+    # (no data: an empty tensor, or a huge shape with a zero in it; checked in full there)
+    if (len(shape) != ndim or min(shape, default=0) < 0 or not t.data
+            or len(t.data) != math.prod(shape) * dtype.itemsize):
         return tensor_from_proto(t, name, dtype=dtype, ndim=ndim)
     return np.frombuffer(t.data, dtype=dtype).reshape(shape)
 
