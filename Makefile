@@ -32,6 +32,7 @@ protos: $(GENERATED)
 
 test: install
 	$(VENV)/bin/ruff check src testing tests bench
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 test-fast: install

@@ -143,8 +143,8 @@ def set_health(server: grpc.Server, *, serving: bool) -> None:
     server has entered its graceful shutdown."""
     status = (health_pb2.HealthCheckResponse.SERVING if serving
               else health_pb2.HealthCheckResponse.NOT_SERVING)
-    for name in [*server.service_names, ""]:
-        server.health_servicer.set(name, status)
+    for name in [*server.service_names, ""]:  # type: ignore[attr-defined]  # create_server's
+        server.health_servicer.set(name, status)  # type: ignore[attr-defined]
 
 
 _CODES = [

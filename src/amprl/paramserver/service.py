@@ -105,6 +105,9 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
     def PushGradients(self, request: paramserver_pb2.PushGradientsRequest,
                       context) -> paramserver_pb2.PushGradientsResponse | bytes:
         store = self.store
+        # a follower's VersionedWeights is served only behind PullOnlyServicer, which
+        # refuses pushes before they get here
+        assert isinstance(store, ParameterStore)
         check_id("learner_id", request.learner_id)
         parts = push_parts(request)
         try:
@@ -131,12 +134,12 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
 
     # -- PullParameters ------------------------------------------------------------------
 
-    def _cached(self, encoding: int) -> _Encoded | None:
+    def _cached(self, encoding: tensor_pb2.Encoding.ValueType) -> _Encoded | None:
         with self._lock:
             cached = self._cache.get(encoding)
         return cached if cached is not None and cached.revision == self.store.revision else None
 
-    def encoded(self, encoding: int) -> _Encoded:
+    def encoded(self, encoding: tensor_pb2.Encoding.ValueType) -> _Encoded:
         """The current weights in ``encoding`` as pull replies, encoded on first use."""
         cached = self._cached(encoding)
         if cached is not None:
@@ -149,7 +152,8 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
                 return cached
             return self._encode_snapshot(encoding, self.store.snapshot())[0]
 
-    def _encode_snapshot(self, encoding: int, snap: Snapshot) -> tuple[_Encoded, list[bytes]]:
+    def _encode_snapshot(self, encoding: tensor_pb2.Encoding.ValueType,
+                         snap: Snapshot) -> tuple[_Encoded, list[bytes]]:
         """Encodes and serializes ``snap`` once: (its pull replies, now cached unless a newer
         revision already is; each tensor's serialized CompressedTensor, in order)."""
         name = PULL_ENCODINGS[encoding]
@@ -276,7 +280,7 @@ def add_to_server(servicer: paramserver_pb2_grpc.ParameterServiceServicer, serve
     may answer bytes, sent without serializing again. Clients, their generated stubs and
     reflection see no difference."""
     pb = paramserver_pb2
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler] = {
         "PushGradients": grpc.unary_unary_rpc_method_handler(
             servicer.PushGradients, request_deserializer=pb.PushGradientsRequest.FromString,
             response_serializer=serialized),

@@ -82,6 +82,7 @@ class InsertStreams:
         group_start = 0.0
         actor_id = ""
         incarnation = 0
+        received = 0  # chunks read so far
 
         async def flush() -> None:
             # Value checks run here, over the whole group at once; a bad chunk still stores
@@ -122,7 +123,6 @@ class InsertStreams:
                 received = stored_chunks  # the bad chunk's index in the call
                 raise bad[1]
 
-        received = 0  # chunks read so far
         requests = request_iterator.__aiter__()
         # One read is kept pending across waits: a group that ages out is flushed while the
         # read goes on (cancelling a read would lose the stream's place).
