@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import secrets
 from concurrent import futures
 from pathlib import Path
 from typing import Callable, Iterable
@@ -167,19 +168,28 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, tuple[tuple[str, str], .
     return grpc.StatusCode.INTERNAL, ()
 
 
+def internal_error(rpc: str) -> str:
+    """Logs the exception being handled with a new incident id and returns the INTERNAL
+    reply's message, which names the id and nothing of the exception."""
+    incident = secrets.token_hex(4)
+    log.exception("internal error %s in %s", incident, rpc)
+    return f"internal error {incident} in {rpc}: a bug on the server, not your request; its log has the details"
+
+
 def map_errors(method):
     """Servicer-method decorator: turns ``amprl.errors`` into canonical status codes.
 
     Any other exception is logged with its traceback and becomes INTERNAL, so a bug never
-    takes the server down and the caller sees a status instead of a hang. Works for unary
+    takes the server down and the caller sees a status instead of a hang. The INTERNAL
+    reply carries no exception text (internals stay in the log), only an incident id that
+    names the log line (``internal_error``). Works for unary
     and server-streaming methods (generators) of a synchronous server; ``map_errors_async``
     is the same for coroutine methods of a ``grpc.aio`` server.
     """
     def _abort(context, exc):
         code, trailing = status_of(exc)
         if code == grpc.StatusCode.INTERNAL:
-            log.exception("internal error in %s", method.__name__)
-            context.abort(code, f"{type(exc).__name__}: {exc}")
+            context.abort(code, internal_error(method.__name__))
         if trailing:
             context.set_trailing_metadata(trailing)
         context.abort(code, str(exc))
@@ -222,8 +232,7 @@ def map_errors_async(method):
         except Exception as exc:  # noqa: BLE001 - AmprlError mapped, the rest INTERNAL
             code, trailing = status_of(exc)
             if code == grpc.StatusCode.INTERNAL:
-                log.exception("internal error in %s", method.__name__)
-                await context.abort(code, f"{type(exc).__name__}: {exc}")
+                await context.abort(code, internal_error(method.__name__))
             if trailing:
                 context.set_trailing_metadata(trailing)
             await context.abort(code, str(exc))
