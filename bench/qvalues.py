@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from amprl.config import load_config  # noqa: E402
 from amprl.envs.factory import env_spec, make_env  # noqa: E402
-from amprl.evaluator.evaluator import run_episodes  # noqa: E402
+from amprl.envs.episodes import run_episodes  # noqa: E402
 from amprl.paramserver.__main__ import checkpoint_dir  # noqa: E402
 from amprl.paramserver.checkpoint import CheckpointManager  # noqa: E402
 from amprl.algos import build_model  # noqa: E402

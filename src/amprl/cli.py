@@ -2,6 +2,7 @@
 
   amprl run [CONFIG] [--set k=v ...]   the whole system as local processes
   amprl replay|paramserver|learner|actor|evaluator [flags]   one service (a pod's command)
+  amprl enjoy RUN_DIR | export RUN_DIR -o policy.pt   use what a run learned
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ SERVICES = {
     "learner": "amprl.learner.__main__",
     "actor": "amprl.actor.__main__",
     "evaluator": "amprl.evaluator.__main__",
+    "enjoy": "amprl.launch.agent:enjoy_main",
+    "export": "amprl.launch.agent:export_main",
 }
+"""Subcommand -> the module whose ``main(argv)`` runs it (or ``module:function``)."""
 
 USAGE = "usage: amprl {" + ",".join(SERVICES) + "} [args...]   (amprl SUBCOMMAND --help for its flags)"
 
@@ -30,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SERVICES:
         print(f"amprl: unknown subcommand {name!r}\n{USAGE}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SERVICES[name])
-    return int(module.main(rest) or 0)
+    module_name, _, function = SERVICES[name].partition(":")
+    module = importlib.import_module(module_name)
+    return int(getattr(module, function or "main")(rest) or 0)
 
 
 if __name__ == "__main__":

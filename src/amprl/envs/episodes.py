@@ -1,0 +1,36 @@
+"""Greedy episodes played side by side: what the evaluator measures and ``amprl enjoy``
+shows, one batched forward pass per step over every env still running."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from amprl.envs.spec import EnvSpec
+from amprl.envs.stacking import FrameStacks
+
+
+def run_episodes(policy, spec: EnvSpec, envs: list, seeds: list[int], epsilon: float,
+                 rng: np.random.Generator) -> list[float]:
+    """Plays one episode in each env (batched inference: ``policy`` maps observations
+    [B, *obs_shape] to actions, an ``amprl.core.Policy``) and returns the undiscounted returns."""
+    n = len(envs)
+    stacks = FrameStacks(n, spec)
+    for k, env in enumerate(envs):
+        frame, _ = env.reset(seed=seeds[k])
+        stacks.reset(k, frame)
+    returns = np.zeros(n)
+    live = np.ones(n, dtype=bool)
+    while live.any():
+        idx = np.flatnonzero(live)
+        actions = policy(stacks.observations(idx))
+        if epsilon > 0 and spec.discrete:
+            explore = rng.random(len(idx)) < epsilon
+            actions = np.where(explore, rng.integers(spec.num_actions, size=len(idx)), actions)
+        for j, i in enumerate(idx.tolist()):
+            frame, reward, terminated, truncated, _ = envs[i].step(actions[j])
+            returns[i] += float(reward)
+            if terminated or truncated:
+                live[i] = False
+            else:
+                stacks.push(i, frame)
+    return returns.tolist()
