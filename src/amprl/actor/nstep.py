@@ -17,7 +17,7 @@ flushed with K < n steps. A new episode's first stack repeats its first frame
 Episode ends follow gymnasium's SAME_STEP autoreset: the step that ends an episode reports
 the final frame and the first frame of the next episode together (``next_frames`` and
 ``reset_frames``). With ``gymnasium.vector.SyncVectorEnv(..., autoreset_mode=
-AutoresetMode.SAME_STEP)`` use ``same_step_frames``; with a plain list of envs, reset the
+AutoresetMode.SAME_STEP)`` use ``envs.autoreset.same_step_frames``; with a plain list of envs, reset the
 ended ones yourself and pass their first frames as ``reset_frames``. (gymnasium's default
 NEXT_STEP mode spends one extra step per episode on the reset and is not accepted.)
 
@@ -389,24 +389,3 @@ class NStepChunker:
     def _make_chunk(self, T: int) -> Chunk:
         self.transitions_emitted += T
         return self._completed.take(T, self._log)
-
-
-def same_step_frames(obs: np.ndarray, terminated, truncated, info: dict
-                     ) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(next_frames, reset_frames)`` for ``NStepChunker.step`` from a gymnasium vector env
-    in SAME_STEP autoreset mode, where ``obs`` already holds the next episode's first frame
-    for ended envs and ``info["final_obs"]`` their final frame."""
-    done = np.logical_or(terminated, truncated)
-    if not done.any():
-        return obs, None
-    final = info["final_obs"]
-    next_frames = np.array(obs, copy=True)
-    for i in np.flatnonzero(done):
-        next_frames[i] = final[i]
-    return next_frames, obs
-
-
-def stacked(frames: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """Observations from a chunk's frames and an index array ``[T, stack]``: ``[T, *obs_shape]``
-    (the stack axis dropped when stack == 1, as EnvSpec.obs_shape has it)."""
-    return frames[idx[:, 0]] if idx.shape[1] == 1 else frames[idx]

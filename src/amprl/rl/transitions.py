@@ -67,3 +67,9 @@ class SampledBatch:
         return [replace(self, **{f.name: getattr(self, f.name)[i:i + batch_size]
                                  for f in fields(self) if f.name != "size"})
                 for i in range(0, len(self), batch_size)]
+
+
+def stacked(frames: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Observations from a chunk's frames and an index array ``[T, stack]``: ``[T, *obs_shape]``
+    (the stack axis dropped when stack == 1, as EnvSpec.obs_shape has it)."""
+    return frames[idx[:, 0]] if idx.shape[1] == 1 else frames[idx]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from amprl.actor.nstep import NStepChunker, same_step_frames, stacked
+from amprl.actor.nstep import NStepChunker
+from amprl.envs.autoreset import same_step_frames
+from amprl.rl.transitions import stacked
 from amprl.envs.spec import EnvSpec
 from amprl.v1 import replay_pb2
 from amprl.wire.transitions import chunk_from_proto, chunk_to_proto

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from amprl.actor.nstep import NStepChunker, stacked
+from amprl.actor.nstep import NStepChunker
+from amprl.rl.transitions import stacked
 from amprl.config import load_config
 from amprl.envs.spec import EnvSpec
 from amprl.algos import build_model
