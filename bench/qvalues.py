@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from amprl.config import load_config  # noqa: E402
-from amprl.envs.factory import env_spec, make_env  # noqa: E402
-from amprl.envs.episodes import run_episodes  # noqa: E402
+from amprl.envs.factory import env_spec  # noqa: E402
+from amprl.envs.episodes import play  # noqa: E402
 from amprl.paramserver.__main__ import checkpoint_dir  # noqa: E402
 from amprl.paramserver.checkpoint import CheckpointManager  # noqa: E402
 from amprl.algos import build_model  # noqa: E402
@@ -75,13 +75,7 @@ def load_final_model(run_dir: Path):
 def q_report(run_dir: Path, episodes: int, seed: int) -> dict:
     cfg, spec, model, version = load_final_model(run_dir)
     policy = RecordingGreedy(model)
-    envs = [make_env(cfg.env, training=False) for _ in range(episodes)]
-    try:
-        returns = run_episodes(policy, spec, envs, [seed + i for i in range(episodes)], 0.0,
-                               np.random.default_rng(seed))
-    finally:
-        for env in envs:
-            env.close()
+    returns = play(policy, spec, cfg.env, episodes, seed)
     return {"run": str(run_dir), "checkpoint_version": version, "episodes": episodes,
             "greedy_mean_return": round(float(np.mean(returns)), 1),
             "mean_max_q": round(float(np.mean(policy.max_q)), 2),

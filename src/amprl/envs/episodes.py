@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from amprl.config import EnvConfig
+from amprl.envs.factory import make_env
 from amprl.envs.spec import EnvSpec
 from amprl.envs.stacking import FrameStacks
 
@@ -34,3 +36,15 @@ def run_episodes(policy, spec: EnvSpec, envs: list, seeds: list[int], epsilon: f
             else:
                 stacks.push(i, frame)
     return returns.tolist()
+
+
+def play(policy, spec: EnvSpec, env_cfg: EnvConfig, episodes: int, seed: int) -> list[float]:
+    """``episodes`` greedy episodes in fresh evaluation envs (seeds ``seed``, ``seed + 1``,
+    ...), closed afterwards; their returns."""
+    envs = [make_env(env_cfg, training=False) for _ in range(episodes)]
+    try:
+        return run_episodes(policy, spec, envs, [seed + i for i in range(episodes)], 0.0,
+                            np.random.default_rng(seed))
+    finally:
+        for env in envs:
+            env.close()

@@ -30,8 +30,8 @@ import torch
 
 from amprl import algos, errors
 from amprl.config import ExperimentConfig, load_config
-from amprl.envs.episodes import run_episodes
-from amprl.envs.factory import env_spec, make_env
+from amprl.envs.episodes import play
+from amprl.envs.factory import env_spec
 from amprl.envs.spec import EnvSpec
 
 
@@ -71,14 +71,7 @@ def enjoy(run_dir: Path, episodes: int, seed: int) -> dict:
     """Greedy episodes of the run's best weights; the returns' mean and spread."""
     cfg, record, weights = load_best(run_dir)
     model, spec = build(cfg, weights)
-    policy = algos.builder(cfg.algo).make_greedy_policy(model)
-    envs = [make_env(cfg.env, training=False) for _ in range(episodes)]
-    try:
-        returns = run_episodes(policy, spec, envs, [seed + i for i in range(episodes)], 0.0,
-                               np.random.default_rng(seed))
-    finally:
-        for env in envs:
-            env.close()
+    returns = play(algos.builder(cfg.algo).make_greedy_policy(model), spec, cfg.env, episodes, seed)
     return {"run": str(run_dir), "param_version": record["param_version"], "episodes": episodes,
             "mean_return": float(np.mean(returns)), "std_return": float(np.std(returns)),
             "returns": [round(r, 3) for r in returns]}
