@@ -28,7 +28,7 @@ from pathlib import Path
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
 from amprl.launch.procs import set_nice, start_service, stop_services, wait_for_port
-from amprl.launch.run import Progress, evaluate_final_policy
+from amprl.launch.run import Progress, evaluate_final_policy, stop_reason
 from amprl.v1 import telemetry_pb2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -97,14 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             if elapsed - last_print >= args.progress_interval:
                 print(progress.line(elapsed), flush=True)
                 last_print = elapsed
-            if cfg.run.stop_at_target and any(e.mean_return >= cfg.run.target_return for e in progress.evaluations):
-                reason = "target reached"
-                break
-            if progress.env_steps >= cfg.run.total_env_steps:
-                reason = "step budget reached"
-                break
-            if cfg.run.max_wall_seconds and elapsed >= cfg.run.max_wall_seconds:
-                reason = "wall-clock limit reached"
+            reason = stop_reason(cfg, progress, elapsed)
+            if reason:
                 break
         learner_info = None
         try:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from amprl import errors
-from amprl.config import dump_config, load_config
+from amprl.config import ExperimentConfig, dump_config, load_config
 from amprl.envs.factory import check_env_id
 from amprl.launch.procs import Service, set_nice, start_service, stop_services, wait_for_port
 
@@ -118,6 +118,18 @@ class Progress:
             ch.close()
 
 
+def stop_reason(cfg: ExperimentConfig, progress: Progress, elapsed: float) -> str:
+    """Why a healthy run stops now ("" = it goes on): the target reached (with
+    ``run.stop_at_target``), the step budget or the wall-clock limit."""
+    if cfg.run.stop_at_target and any(e.mean_return >= cfg.run.target_return for e in progress.evaluations):
+        return "target reached"
+    if progress.env_steps >= cfg.run.total_env_steps:
+        return "step budget reached"
+    if cfg.run.max_wall_seconds and elapsed >= cfg.run.max_wall_seconds:
+        return "wall-clock limit reached"
+    return ""
+
+
 def evaluate_final_policy(services: list[Service], learner: Service, evaluator: Service,
                           progress: Progress, eval_interval_s: float) -> None:
     """Freezes the weights (actors first: with the learner gone, a rate-limited insert would
@@ -200,7 +212,6 @@ def main(argv: list[str] | None = None) -> int:
         progress = Progress(replay.address, ps.address, learner.address, evaluator.address)
         startup = time.monotonic() - t0
         t0, t0_unix = time.monotonic(), time.time()
-        solved_at = None
         last_print = 0.0
         reason = ""
         while True:
@@ -216,22 +227,11 @@ def main(argv: list[str] | None = None) -> int:
                 reason = "interrupted"
                 break
             progress.poll()
-            if solved_at is None:
-                for ev in progress.evaluations:
-                    if ev.mean_return >= cfg.run.target_return:
-                        solved_at = ev
-                        break
             if elapsed - last_print >= args.progress_interval:
                 print(progress.line(elapsed), flush=True)
                 last_print = elapsed
-            if solved_at is not None and cfg.run.stop_at_target:
-                reason = "target reached"
-                break
-            if progress.env_steps >= cfg.run.total_env_steps:
-                reason = "step budget reached"
-                break
-            if cfg.run.max_wall_seconds and elapsed >= cfg.run.max_wall_seconds:
-                reason = "wall-clock limit reached"
+            reason = stop_reason(cfg, progress, elapsed)
+            if reason:
                 break
         print(f"amprl run: stopping ({reason})", flush=True)
         if failure is None and reason in ("step budget reached", "wall-clock limit reached"):
