@@ -83,7 +83,7 @@ def export(cfg: ExperimentConfig, weights: dict[str, torch.Tensor], out: Path, f
         torch.save({n: t.detach().float().cpu() for n, t in model.state_dict().items()}, out)
         return
     model.requires_grad_(False)  # an inference module: its actions carry no graph
-    example = torch.zeros((1, *spec.obs_shape), dtype=torch.from_numpy(np.zeros(0, spec.frame_dtype)).dtype)
+    example = torch.from_numpy(np.zeros((1, *spec.obs_shape), spec.frame_dtype))
     with torch.no_grad():
         traced = torch.jit.trace(GreedyActions(model, spec.discrete), example)
     traced.save(str(out))
