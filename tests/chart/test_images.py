@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -134,45 +133,28 @@ def test_the_healthcheck_probe_reports_serving_not_serving_and_down():
     assert no_port.returncode == 1 and "AMPRL_PORT" in no_port.stderr
 
 
-def test_the_healthcheck_probe_speaks_tls_with_the_mounted_ca(tmp_path):
-    """What the chart's exec probes do when tls.enabled: trust ca.crt, expect the
-    certificate name in AMPRL_TLS_SERVER_NAME, refuse any other name."""
-    grpc = pytest.importorskip("grpc")
-    from concurrent import futures
+def test_the_healthcheck_probe_speaks_mutual_tls_with_its_own_role_certificate(tmp_path, monkeypatch):
+    """What the chart's exec probes do when tls.enabled: present the pod's own certificate,
+    trust ca.crt, expect the server to carry the pod's own role name; a probe with
+    another role's certificate, or for another server name, fails."""
+    from amprl.common import certs, grpcutil
 
-    from grpc_health.v1 import health, health_pb2_grpc
+    roles = certs.make_role_certs(tmp_path, server_name="amprl.test")
+    monkeypatch.setenv("AMPRL_TLS_CERT_DIR", str(roles["replay"]))
+    monkeypatch.setenv("AMPRL_TLS_SERVER_NAME", "amprl.test")
+    server, port = grpcutil.create_server([], host="127.0.0.1", port=0)
 
-    if not shutil.which("openssl"):
-        pytest.skip("openssl not installed")
-
-    def openssl(*args):
-        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True, timeout=60)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-            "-days", "1", "-subj", "/CN=amprl-test-ca")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr",
-            "-subj", "/CN=amprl.test")
-    (tmp_path / "san.ext").write_text("subjectAltName=DNS:amprl.test\n")
-    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "tls.crt", "-days", "1", "-extfile", "san.ext")
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    creds = grpc.ssl_server_credentials([((tmp_path / "tls.key").read_bytes(),
-                                          (tmp_path / "tls.crt").read_bytes())])
-    port = server.add_secure_port("127.0.0.1:0", creds)
-    server.start()
-
-    def probe(server_name):
-        env = {**os.environ, "AMPRL_PORT": str(port), "AMPRL_TLS_CERT_DIR": str(tmp_path),
+    def probe(role, server_name="amprl.test"):
+        env = {**os.environ, "AMPRL_PORT": str(port), "AMPRL_TLS_CERT_DIR": str(roles[role]),
                "AMPRL_TLS_SERVER_NAME": server_name}
         return subprocess.run([sys.executable, "-m", "amprl.common.healthcheck", "--timeout-s", "3"],
                               env=env, capture_output=True, text=True, timeout=30)
 
     try:
-        ok = probe("amprl.test")
+        ok = probe("replay")
         assert ok.returncode == 0, ok.stderr
-        wrong = probe("someone.else")
-        assert wrong.returncode == 1, wrong.stderr
+        assert probe("replay", "someone.else").returncode == 1
+        other = probe("actor")  # expects actor.amprl.test; the server is replay.amprl.test
+        assert other.returncode == 1 and "UNAVAILABLE" in other.stderr, other.stderr
     finally:
         server.stop(0).wait()

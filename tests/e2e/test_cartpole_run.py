@@ -71,3 +71,22 @@ def test_a_dying_service_stops_the_run_and_its_error_is_shown(tmp_path, amprl_ru
     for name, info in pids.items():
         with pytest.raises(ProcessLookupError):
             os.kill(info["pid"], 0)
+
+
+@pytest.mark.slow
+def test_amprl_run_with_tls_trains_with_one_certificate_per_service_role(tmp_path, amprl_run):
+    run_dir = tmp_path / "run"
+    code, out = amprl_run(["configs/cartpole-dqn.yaml", "--tls", "--run-dir", str(run_dir),
+                           "--set", "run.total_env_steps=3000", "--set", "run.max_wall_seconds=90",
+                           "--set", "evaluator.interval_s=2", "--progress-interval", "5"],
+                          timeout_s=240)
+    assert code == 0, out[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # every service spoke mutual TLS: actors inserted, the learner sampled and pushed, the
+    # evaluator pulled, and the launcher read every Info with the operator certificate
+    assert summary["env_steps"] >= 3000 and summary["updates"] > 0, summary
+    assert summary["param_version"] > 0 and summary["evaluations"] > 0, summary
+    for role in ("replay", "paramserver", "learner", "actor", "evaluator", "operator"):
+        assert (run_dir / "tls" / role / "tls.crt").exists(), role
+    for log in (run_dir / "logs").iterdir():
+        assert "PERMISSION_DENIED" not in log.read_text(), log.name

@@ -11,7 +11,8 @@ servicer's coroutines run on the loop; its blocking work goes to thread pools it
     server.stop(grace_s=5)           # NOT_SERVING, drain, stop, close the loop
 
 Like ``grpcutil.create_server`` it adds health (``grpc.health.v1``, every service SERVING
-once started) and server reflection, and speaks TLS when AMPRL_TLS_CERT_DIR is set. The
+once started) and server reflection, and speaks mutual TLS, authorizing each call by its caller's role, when
+AMPRL_TLS_CERT_DIR is set. The
 server pings every connection (keepalive) and drops one whose peer stops answering, so the
 calls of a dead client are ended and their slots freed.
 """
@@ -28,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from amprl.common import grpcutil, inbound
+from amprl.common import authz, grpcutil, inbound
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,10 @@ class AioServer:
 
     async def _start(self, register, host, port, max_message_bytes, keepalive_s) -> None:
         creds = grpcutil.server_credentials()
-        server = grpc.aio.server(interceptors=[inbound.AsyncDecodeGuard()],
+        guards: list[grpc.aio.ServerInterceptor] = [inbound.AsyncDecodeGuard()]
+        if creds is not None:
+            guards.insert(0, authz.AsyncAuthorize())
+        server = grpc.aio.server(interceptors=guards,
                                  options=grpcutil.message_limits(max_message_bytes)
                                  + grpcutil.SERVER_KEEPALIVE + keepalive_options(keepalive_s))
         for add, servicer, name in register:

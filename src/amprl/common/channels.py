@@ -161,14 +161,14 @@ def service_config(retry: Iterable[str]) -> str:
     return json.dumps({"methodConfig": [{"name": names, "retryPolicy": RETRY_POLICY}]})
 
 
-def make_channel(address: str, *, retry: Iterable[str] = (),
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 tls_server_name: str | None = None) -> grpc.Channel:
+def make_channel(address: str, *, server_role: str | None = None, retry: Iterable[str] = (),
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.Channel:
     """A channel to ``address`` with keepalive, message limits, gRPC retries of the methods
     in ``retry`` ("amprl.v1.ParameterService/PushGradients", ...) and mapped errors.
 
-    TLS (trusting AMPRL_TLS_CERT_DIR/ca.crt) when AMPRL_TLS_CERT_DIR is set, plaintext
-    otherwise; ``tls_server_name`` overrides AMPRL_TLS_SERVER_NAME.
+    Mutual TLS when AMPRL_TLS_CERT_DIR is set (this process's certificate presented, the
+    server's checked to be of ``server_role``: "paramserver", "replay", ...), plaintext
+    otherwise; ``grpcutil.channel_credentials`` has the rules.
     """
     retry = list(retry)
     options: list[tuple[str, Any]] = message_limits(max_message_bytes) + KEEPALIVE + [
@@ -180,17 +180,18 @@ def make_channel(address: str, *, retry: Iterable[str] = (),
     ]
     if retry:
         options.append(("grpc.service_config", service_config(retry)))
-    creds, tls_options = channel_credentials(tls_server_name)
+    creds, tls_options = channel_credentials(server_role)
     channel = (grpc.secure_channel(address, creds, options=options + tls_options) if creds is not None
                else grpc.insecure_channel(address, options=options))
     return grpc.intercept_channel(channel, ErrorMapping())
 
 
-def wait_until_serving(address: str, timeout_s: float = 30.0) -> None:
-    """Blocks until the server at ``address`` answers its health check with SERVING."""
+def wait_until_serving(address: str, timeout_s: float = 30.0, *, server_role: str | None = None) -> None:
+    """Blocks until the server at ``address`` (of ``server_role``, which TLS needs) answers
+    its health check with SERVING."""
     import time
     deadline = time.monotonic() + timeout_s
-    with make_channel(address) as ch:
+    with make_channel(address, server_role=server_role) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
             try:

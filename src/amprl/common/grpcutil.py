@@ -6,13 +6,18 @@ Every AMP-RL server is built by ``create_server`` so that ``grpcurl`` can list a
 it (server reflection) and Kubernetes probes can ask ``grpc.health.v1.Health``.
 
 TLS is switched on for a whole deployment by the environment, so every server and client
-of a release agree without a flag on each:
+of a release agree without a flag on each. TLS on is mutual TLS: servers require a client
+certificate from the deployment's CA and authorize each RPC by the role it names
+(``amprl.common.authz``); clients present their own and check the server's.
 
-  AMPRL_TLS_CERT_DIR     folder with tls.crt, tls.key (this process's key pair, served by
-                         every server it starts) and ca.crt (what its clients trust)
-  AMPRL_TLS_SERVER_NAME  the name the servers' certificate carries; clients check it in
-                         place of the host they dial (grpc.ssl_target_name_override), so one
-                         certificate serves every Service DNS name of the release
+  AMPRL_TLS_CERT_DIR     folder with tls.crt, tls.key (this process's role certificate,
+                         used as server and client certificate; ``amprl.common.certs``) and
+                         ca.crt (the CA it trusts, for servers and clients alike)
+  AMPRL_TLS_SERVER_NAME  the deployment's server name S (default "amprl"): a server of role
+                         R carries the DNS SAN "R.S", and a client dialing a server of role
+                         R expects that name in place of the host it dials
+                         (grpc.ssl_target_name_override), so one certificate per role serves
+                         every address of that role and no other role can stand in for it
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from amprl import errors
-from amprl.common import inbound
+from amprl.common import authz, certs, inbound
 
 log = logging.getLogger(__name__)
 
@@ -66,31 +71,60 @@ def _read_tls_file(cert_dir: Path, name: str) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise errors.ConfigError(f"{TLS_CERT_DIR_ENV}={cert_dir}: cannot read {name} ({exc.strerror}); "
-                                 f"the folder needs tls.crt, tls.key and ca.crt") from None
+                                 f"the folder needs tls.crt, tls.key and ca.crt of this process's "
+                                 f"role (`amprl certs DIR` makes them)") from None
 
 
 def server_credentials() -> grpc.ServerCredentials | None:
-    """The key pair in AMPRL_TLS_CERT_DIR as server credentials; None when TLS is off."""
+    """Mutual-TLS server credentials from AMPRL_TLS_CERT_DIR (this process's key pair; client
+    certificates required and verified against ca.crt); None when TLS is off."""
     cert_dir = tls_cert_dir()
     if cert_dir is None:
         return None
     return grpc.ssl_server_credentials([(_read_tls_file(cert_dir, "tls.key"),
-                                         _read_tls_file(cert_dir, "tls.crt"))])
+                                         _read_tls_file(cert_dir, "tls.crt"))],
+                                       root_certificates=_read_tls_file(cert_dir, "ca.crt"),
+                                       require_client_auth=True)
 
 
-def channel_credentials(server_name: str | None = None
+def server_interceptors() -> list[grpc.ServerInterceptor]:
+    """What every synchronous server runs before its servicers: the request decode guard,
+    and with TLS on the per-RPC authorization."""
+    guards: list[grpc.ServerInterceptor] = [inbound.DecodeGuard()]
+    if tls_cert_dir() is not None:
+        guards.insert(0, authz.Authorize())
+    return guards
+
+
+def tls_server_name() -> str:
+    """The deployment's server name (AMPRL_TLS_SERVER_NAME, default ``certs.DEFAULT_SERVER_NAME``)."""
+    return os.environ.get(TLS_SERVER_NAME_ENV, "") or certs.DEFAULT_SERVER_NAME
+
+
+def channel_credentials(server_role: str | None
                         ) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, str]]]:
-    """(credentials trusting ca.crt, channel options) when TLS is on, else (None, []).
+    """(mutual-TLS credentials, channel options) when TLS is on, else (None, []).
 
-    ``server_name`` (default: AMPRL_TLS_SERVER_NAME) is the certificate name to expect
-    instead of the dialled host; empty means the dialled host itself.
-    """
+    The channel presents this process's certificate, trusts ca.crt, and expects the server
+    to be of ``server_role`` (its certificate's DNS SAN "<role>.<server name>")."""
     cert_dir = tls_cert_dir()
     if cert_dir is None:
         return None, []
-    creds = grpc.ssl_channel_credentials(root_certificates=_read_tls_file(cert_dir, "ca.crt"))
-    name = os.environ.get(TLS_SERVER_NAME_ENV, "") if server_name is None else server_name
-    return creds, ([("grpc.ssl_target_name_override", name)] if name else [])
+    if server_role not in certs.ROLES:
+        raise errors.ConfigError(f"with {TLS_CERT_DIR_ENV} set a client must name the role of the "
+                                 f"server it dials (one of {', '.join(certs.ROLES)}), not {server_role!r}")
+    creds = grpc.ssl_channel_credentials(root_certificates=_read_tls_file(cert_dir, "ca.crt"),
+                                         private_key=_read_tls_file(cert_dir, "tls.key"),
+                                         certificate_chain=_read_tls_file(cert_dir, "tls.crt"))
+    return creds, [("grpc.ssl_target_name_override", certs.server_name_of(server_role, tls_server_name()))]
+
+
+def own_role() -> str:
+    """The role of this process's certificate (AMPRL_TLS_CERT_DIR/tls.crt); TLS must be on."""
+    cert_dir = tls_cert_dir()
+    if cert_dir is None:
+        raise errors.ConfigError(f"{TLS_CERT_DIR_ENV} is not set")
+    return certs.role_of_file(cert_dir / "tls.crt")
 
 
 def message_limits(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -106,13 +140,14 @@ def create_server(register: Iterable[tuple[Callable, object, str]], *, host: str
 
     ``register`` holds ``(add_XServicer_to_server, servicer, full_service_name)`` triples.
     Returns the started server and the bound port (useful with ``port=0``). With
-    AMPRL_TLS_CERT_DIR set the port speaks TLS only, with that folder's key pair. Health
+    AMPRL_TLS_CERT_DIR set the port speaks mutual TLS only, with that folder's key pair. Health
     reports every service SERVING from the start, or NOT_SERVING with ``serving=False``
-    (the caller sets it when the server is ready).
+    (the caller sets it when the server is ready). With TLS on, every call is authorized by
+    its caller's role (``amprl.common.authz``).
     """
     creds = server_credentials()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                         interceptors=[inbound.DecodeGuard()],
+                         interceptors=server_interceptors(),
                          options=message_limits(max_message_bytes) + SERVER_KEEPALIVE)
     names = []
     for add, servicer, name in register:

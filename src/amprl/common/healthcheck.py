@@ -8,8 +8,9 @@ anything else (not listening, NOT_SERVING, timeout, TLS failure), with the reaso
 
 Environment (the same variables the services read):
   AMPRL_PORT             the port to ask (flag --port wins)
-  AMPRL_TLS_CERT_DIR     when set, connect with TLS and trust ``ca.crt`` from this folder
-  AMPRL_TLS_SERVER_NAME  the name the server certificate carries (default: localhost)
+  AMPRL_TLS_CERT_DIR     when set, connect with mutual TLS: present this container's own
+                         certificate, trust ``ca.crt``, expect the server of the same role
+  AMPRL_TLS_SERVER_NAME  the deployment's server name (default: amprl)
 
 Only grpc, the health stubs and ``amprl.common.grpcutil`` are imported, never torch, so a probe costs well under a
 second of CPU.
@@ -30,10 +31,10 @@ from amprl.common.channels import make_channel
 
 
 def _channel(address: str) -> grpc.Channel:
-    # The probe dials 127.0.0.1, which no certificate names: without a configured name it
-    # expects "localhost", the name a self-signed development certificate usually carries.
-    name = os.environ.get(grpcutil.TLS_SERVER_NAME_ENV, "") or "localhost"
-    return make_channel(address, tls_server_name=name)
+    # The probe runs in the server's own container with its certificate: with TLS on it
+    # presents it and expects the server to be of the same role.
+    role = grpcutil.own_role() if grpcutil.tls_cert_dir() is not None else None
+    return make_channel(address, server_role=role)
 
 
 def check(port: int, service: str = "", timeout_s: float = 3.0, host: str = "127.0.0.1") -> str:

@@ -3,7 +3,9 @@
 Starts an embedded Redis (a real redis-server), then replay, parameter server, learner,
 ``actor.num_actors`` actors and the evaluator, each as its own OS process talking gRPC on
 loopback; shows live progress; stops at the target eval return, the step budget, the wall
-limit, Ctrl-C, or when any service dies (whose log tail is shown); writes the run folder:
+limit, Ctrl-C, or when any service dies (whose log tail is shown). With ``--tls`` every
+connection is mutual TLS and each service holds only its own role's certificate
+(``amprl.common.certs``). Writes the run folder:
 
     <run_dir>/<name>-<time>/config.yaml      resolved config
                             logs/<service>.log
@@ -11,6 +13,7 @@ limit, Ctrl-C, or when any service dies (whose log tail is shown); writes the ru
                             eval.jsonl        every evaluation
                             services.json     name -> pid, address, log of each service
                             summary.json      solved, final_eval_return, env_steps, updates, ...
+                            tls/              with --tls: the CA and one folder per role
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import secrets
 import signal
 import sys
@@ -43,7 +47,32 @@ def parse_args(argv):
                    help="config override, e.g. run.total_env_steps=20000 (repeatable)")
     p.add_argument("--run-dir", default="", help="exact run folder (default: <run.run_dir>/<name>-<time>)")
     p.add_argument("--progress-interval", type=float, default=1.0, help="seconds between progress lines")
+    p.add_argument("--tls", action="store_true",
+                   help="mutual TLS between every service, with a CA and role certificates made "
+                        "in <run folder>/tls (or taken from --certs)")
+    p.add_argument("--certs", default="", metavar="DIR",
+                   help="with --tls: role certificates from `amprl certs DIR` instead of new ones")
     return p.parse_args(argv)
+
+
+def role_of_service(name: str) -> str:
+    """The certificate role of a local service ("actor-3" -> "actor")."""
+    return name.split("-", 1)[0]
+
+
+def tls_env(args, run_dir: Path) -> Callable[[str], dict[str, str]]:
+    """Environment that gives each service its own role's certificate folder (an empty
+    one with TLS off). The launcher itself reads Info with the operator certificate."""
+    if not (args.tls or args.certs):
+        return lambda role: {}
+    from amprl.common import certs, grpcutil
+    folder = Path(args.certs) if args.certs else run_dir / "tls"
+    if not args.certs:
+        certs.make_role_certs(folder, release=run_dir.name)
+    # the server name the certificates were made for
+    server_name = certs.server_name_in(folder / "replay" / "tls.crt")
+    return lambda role: {grpcutil.TLS_CERT_DIR_ENV: str(folder / role),
+                         grpcutil.TLS_SERVER_NAME_ENV: server_name}
 
 
 class Progress:
@@ -54,7 +83,9 @@ class Progress:
         from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, replay_pb2, replay_pb2_grpc
         from amprl.v1 import telemetry_pb2, telemetry_pb2_grpc
         self._pb = (replay_pb2, paramserver_pb2, telemetry_pb2)
-        self.channels = [make_channel(a) for a in (replay_addr, ps_addr, learner_addr, evaluator_addr)]
+        self.channels = [make_channel(a, server_role=r) for a, r in (
+            (replay_addr, "replay"), (ps_addr, "paramserver"), (learner_addr, "learner"),
+            (evaluator_addr, "evaluator"))]
         self.replay = replay_pb2_grpc.ReplayServiceStub(self.channels[0])
         self.ps = paramserver_pb2_grpc.ParameterServiceStub(self.channels[1])
         self.learner = telemetry_pb2_grpc.LearnerServiceStub(self.channels[2])
@@ -176,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     services: list[Service] = []
     redis = None
     progress = None
+    saved_env: dict[str, str | None] = {}
     failure = None
     t0 = time.monotonic()
     summary: dict = {}
@@ -189,8 +221,12 @@ def main(argv: list[str] | None = None) -> int:
             redis_url = redis.url
             set_nice(redis.pid, cfg.deploy.nice.redis)
         common = ["--config", str(config_file), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
+        role_env = tls_env(args, run_dir)
+        saved_env = {k: os.environ.get(k) for k in role_env("operator")}
+        os.environ.update(role_env("operator"))  # the launcher's own Info calls
 
         def start(name, module, extra=(), env=None):
+            env = {**role_env(role_of_service(name)), **(env or {})}
             svc = start_service(name, module, [*common, *extra], log_dir, env, nice=cfg.deploy.nice.of(name))
             services.append(svc)
             return svc
@@ -264,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         stop_services(list(reversed(services)))
         if redis is not None:
             redis.stop()
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     if failure:

@@ -139,7 +139,8 @@ class ParameterClient:
         self.address = address
         self.client_id = client_id
         self.timeout_s = timeout_s
-        self.channel = make_channel(address, retry=RETRIED, max_message_bytes=max_message_bytes)
+        self.channel = make_channel(address, server_role="paramserver", retry=RETRIED,
+                                    max_message_bytes=max_message_bytes)
         # pushes are numbered (incarnation, 1, 2, ...) so a resend is applied at most once
         self.incarnation = secrets.randbelow(2**63 - 1) + 1
         self._push_sequence = itertools.count(1)

@@ -87,7 +87,8 @@ class ReplayClient:
 
     def __init__(self, address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.address = address
-        self._channel = make_channel(address, retry=RETRIED, max_message_bytes=max_message_bytes)
+        self._channel = make_channel(address, server_role="replay", retry=RETRIED,
+                                     max_message_bytes=max_message_bytes)
         self._stub = replay_pb2_grpc.ReplayServiceStub(self._channel)
 
     def insert(self, actor_id: str,

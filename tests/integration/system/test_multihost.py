@@ -16,7 +16,7 @@ from amprl.common.redis_server import redis_server_binary
 from amprl.replay.client import shard_for
 
 from .conftest import TINY_CONFIG
-from .tls import make_cert_dir
+from .tls import make_role_dirs
 
 PORTS = {"redis-0": 6379, "redis-1": 6380, "replay": 7000, "ps": 50051, "ps_pull": 50052,
          "learner": 50061, "evaluator": 50071, "actor": 50081}
@@ -28,10 +28,12 @@ PROBE = textwrap.dedent("""
     from amprl.common.channels import make_channel
     from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, replay_pb2, replay_pb2_grpc
     from amprl.v1 import telemetry_pb2, telemetry_pb2_grpc
-    shards = [replay_pb2_grpc.ReplayServiceStub(make_channel(a))
+    shards = [replay_pb2_grpc.ReplayServiceStub(make_channel(a, server_role="replay"))
               for a in os.environ["PROBE_REPLAY"].split(",")]
-    ps = paramserver_pb2_grpc.ParameterServiceStub(make_channel(os.environ["PROBE_PS"]))
-    ev = telemetry_pb2_grpc.EvaluatorServiceStub(make_channel(os.environ["PROBE_EVAL"]))
+    ps = paramserver_pb2_grpc.ParameterServiceStub(
+        make_channel(os.environ["PROBE_PS"], server_role="paramserver"))
+    ev = telemetry_pb2_grpc.EvaluatorServiceStub(
+        make_channel(os.environ["PROBE_EVAL"], server_role="evaluator"))
     deadline = time.monotonic() + float(os.environ["PROBE_TIMEOUT_S"])
     seen = {}
     while time.monotonic() < deadline:
@@ -64,7 +66,7 @@ PROBE = textwrap.dedent("""
 def test_training_progresses_with_every_service_on_its_own_host(netns_topology, tmp_path):
     topo = netns_topology(["redis", "replay-0", "replay-1", "ps", "learner", "actor-0", "actor-1",
                            "evaluator"])
-    certs = make_cert_dir(tmp_path / "tls")
+    certs = make_role_dirs(tmp_path / "tls")  # one folder per role, as the chart's Secrets
     (tmp_path / "redis-password").write_text("s3cret:/@pw\n")  # URL-hostile on purpose
     config = tmp_path / "experiment.yaml"
     config.write_text(TINY_CONFIG)
@@ -75,8 +77,9 @@ def test_training_progresses_with_every_service_on_its_own_host(netns_topology, 
     ps_pull = f"{addr['ps']}:{PORTS['ps_pull']}"
 
     def env(host: str, port: int, **extra: str) -> dict[str, str]:
+        role = {"ps": "paramserver"}.get(host.split("-")[0], host.split("-")[0])
         return {"AMPRL_CONFIG": str(config), "AMPRL_HOST": addr[host], "AMPRL_PORT": str(port),
-                "AMPRL_TLS_CERT_DIR": str(certs), "AMPRL_TLS_SERVER_NAME": "amprl.test",
+                "AMPRL_TLS_CERT_DIR": str(certs[role]), "AMPRL_TLS_SERVER_NAME": "amprl.test",
                 "AMPRL_ID": host, "AMPRL_LIVE_WINDOW_S": "5", "PYTHONUNBUFFERED": "1", **extra}
 
     py = sys.executable
@@ -103,7 +106,7 @@ def test_training_progresses_with_every_service_on_its_own_host(netns_topology, 
         AMPRL_RUN_DIR=str(tmp_path / "eval")))
 
     # Asked from the evaluator's namespace, over TLS, like any other pod of the release.
-    probe_env = {"AMPRL_TLS_CERT_DIR": str(certs), "AMPRL_TLS_SERVER_NAME": "amprl.test",
+    probe_env = {"AMPRL_TLS_CERT_DIR": str(certs["operator"]), "AMPRL_TLS_SERVER_NAME": "amprl.test",
                  "PROBE_REPLAY": replay_address, "PROBE_PS": ps_pull,
                  "PROBE_EVAL": f"{addr['evaluator']}:{PORTS['evaluator']}", "PROBE_TIMEOUT_S": "100"}
     out = topo["evaluator"].run([py, "-c", PROBE], env=probe_env, timeout=150)

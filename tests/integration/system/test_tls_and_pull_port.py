@@ -1,6 +1,5 @@
-"""TLS from AMPRL_TLS_CERT_DIR on every server and client, and the parameter server's
-read-only pull port (in-process servers on loopback; the multi-host test runs the same
-over real processes)."""
+"""The parameter server's read-only pull port, and TLS settings that are missing or
+incomplete (mutual TLS itself: test_mtls.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from amprl.config import ExperimentConfig
 from amprl.paramserver.client import ParameterClient
 from amprl.paramserver.service import create_server
 
-from .tls import make_cert_dir
+from .tls import make_role_dirs
 
 
 def model() -> nn.Module:
@@ -63,29 +62,16 @@ def test_the_pull_port_serves_reads_and_refuses_pushes(paramserver):
         assert reader.info().actors_live == 1 and reader.info().learners_live == 1
 
 
-def test_servers_and_clients_speak_tls_when_a_cert_dir_is_set(paramserver, tmp_path, monkeypatch):
-    certs = make_cert_dir(tmp_path / "tls", "amprl.test")
-    monkeypatch.setenv("AMPRL_TLS_CERT_DIR", str(certs))
-    monkeypatch.setenv("AMPRL_TLS_SERVER_NAME", "amprl.test")
-    ps = paramserver()
-    for port in (ps.port, ps.pull_port):
-        channels.wait_until_serving(f"127.0.0.1:{port}", timeout_s=10)
-        with ParameterClient(f"127.0.0.1:{port}", "actor:tls", timeout_s=5) as client:
-            assert client.pull()[0] == 0
-
-    # A plaintext client, or one expecting another certificate name, gets nowhere.
-    with grpc.insecure_channel(f"127.0.0.1:{ps.port}") as plain:
-        with pytest.raises(grpc.FutureTimeoutError):
-            grpc.channel_ready_future(plain).result(timeout=2)
-    monkeypatch.setenv("AMPRL_TLS_SERVER_NAME", "someone.else")
-    with ParameterClient(f"127.0.0.1:{ps.port}", "actor:wrong-name", timeout_s=2) as client:
-        with pytest.raises((errors.Unavailable, errors.DeadlineExceeded)):
-            client.info()
-
-
 def test_a_missing_certificate_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("AMPRL_TLS_CERT_DIR", str(tmp_path))
     with pytest.raises(errors.ConfigError, match="tls.key"):
         grpcutil.create_server([], host="127.0.0.1", port=0)
     with pytest.raises(errors.ConfigError, match="ca.crt"):
+        channels.make_channel("127.0.0.1:1", server_role="paramserver")
+
+
+def test_with_tls_on_a_client_must_name_the_role_of_its_server(tmp_path, monkeypatch):
+    roles = make_role_dirs(tmp_path / "tls")
+    monkeypatch.setenv("AMPRL_TLS_CERT_DIR", str(roles["actor"]))
+    with pytest.raises(errors.ConfigError, match="role of the server"):
         channels.make_channel("127.0.0.1:1")

@@ -1,31 +1,17 @@
-"""A throwaway CA and server certificate for TLS tests (openssl CLI)."""
+"""Role certificates for mutual-TLS tests, made as `amprl certs` makes them."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
+from amprl.common import certs
 
 
-def make_cert_dir(folder: Path, server_name: str = "amprl.test") -> Path:
-    """Writes ca.crt, tls.crt and tls.key (what the chart mounts from its TLS Secret) for
-    a certificate naming ``server_name``; returns ``folder``."""
-    if not shutil.which("openssl"):
-        pytest.skip("openssl not installed")
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True, timeout=60)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-            "-days", "1", "-subj", "/CN=amprl-test-ca")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr",
-            "-subj", f"/CN={server_name}")
-    (folder / "san.ext").write_text(f"subjectAltName=DNS:{server_name}\n")
-    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "tls.crt", "-days", "1", "-extfile", "san.ext")
-    for f in folder.iterdir():
-        f.chmod(0o644)  # readable by the service processes
-    return folder
+def make_role_dirs(folder: Path, server_name: str = "amprl.test", release: str = "test"
+                   ) -> dict[str, Path]:
+    """A CA in ``folder``/ca and ``folder``/<role>/{tls.crt,tls.key,ca.crt} for every role
+    (what each pod mounts from its role's Secret); returns {role: folder}."""
+    made = certs.make_role_certs(folder, release=release, server_name=server_name)
+    for role_dir in made.values():
+        (role_dir / "tls.key").chmod(0o644)  # readable by service processes in namespaces
+    return made

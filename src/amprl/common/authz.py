@@ -1,0 +1,145 @@
+"""Who may call what, with mutual TLS on: each RPC's allowed roles, and the server
+interceptors that enforce them.
+
+With TLS on (AMPRL_TLS_CERT_DIR set) every server requires a client certificate signed by
+the deployment's CA, so a caller without one never gets past the handshake. The
+certificate names the caller's role (``amprl.common.certs``); ``POLICY`` says which roles
+each RPC admits. A caller whose role is not admitted gets PERMISSION_DENIED with a message
+naming the role the RPC needs, before the servicer or the request's payload is touched.
+
+An RPC of the ``amprl.v1`` package that ``POLICY`` does not list is refused to everyone
+(a new RPC is closed until someone decides who may call it; a test checks that every RPC
+in ``protos/`` is listed). Health and server reflection are open to every authenticated
+caller: probes and grpcurl need them.
+
+With TLS off there are no identities and nothing here runs; the NetworkPolicy is then the
+only guard (see docs/kubernetes.md's threat model).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Mapping
+
+import grpc
+
+from amprl.common.certs import ROLES, SPIFFE_PREFIX
+
+EVERYONE = frozenset(ROLES)
+
+POLICY: dict[str, frozenset[str]] = {
+    # Only learners write weights, read batches and re-prioritize them.
+    "/amprl.v1.ParameterService/PushGradients": frozenset({"learner"}),
+    "/amprl.v1.ReplayService/Sample": frozenset({"learner"}),
+    "/amprl.v1.ReplayService/UpdatePriorities": frozenset({"learner"}),
+    # Only actors add experience.
+    "/amprl.v1.ReplayService/Insert": frozenset({"actor"}),
+    # Reads: weights for actors, the evaluator, followers and people; Info for everyone.
+    "/amprl.v1.ParameterService/PullParameters": EVERYONE,
+    "/amprl.v1.ParameterService/WatchParameters": EVERYONE,
+    "/amprl.v1.ParameterService/Info": EVERYONE,
+    "/amprl.v1.ReplayService/Info": EVERYONE,
+    "/amprl.v1.LearnerService/Info": EVERYONE,
+    "/amprl.v1.ActorService/Info": EVERYONE,
+    "/amprl.v1.EvaluatorService/Info": EVERYONE,
+}
+"""Full method name -> the roles that may call it."""
+
+OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+"""Methods any authenticated caller may use (probes, grpcurl)."""
+
+
+def role_of_peer(context: grpc.ServicerContext) -> str | None:
+    """The role the caller's verified certificate names: a URI SAN
+    ``spiffe://amprl/<release>/<role>``, else the CN; None when it names no role."""
+    # types-grpcio types each property as bytes; grpc gives a list of bytes per property
+    auth: Mapping[str, list[bytes]] = context.auth_context()  # type: ignore[assignment]
+    for san in auth.get("x509_subject_alternative_name", []):
+        text = san.decode(errors="replace")
+        if text.startswith(SPIFFE_PREFIX):
+            role = text.rstrip("/").rsplit("/", 1)[-1]
+            if role in ROLES:
+                return role
+    for cn in auth.get("x509_common_name", []):
+        text = cn.decode(errors="replace")
+        if text in ROLES:
+            return text
+    return None
+
+
+def refusal(method: str, role: str | None) -> str:
+    """Why a caller of ``role`` may not call ``method`` ("" when it may)."""
+    if method.startswith(OPEN_PREFIXES):
+        return ""
+    allowed = POLICY.get(method)
+    if allowed is None:
+        return f"{method} is not open to any role (not in amprl.common.authz.POLICY)"
+    if role in allowed:
+        return ""
+    needed = "a certificate of any AMP-RL role" if allowed == EVERYONE else (
+        " or ".join(f"the {r} role" for r in sorted(allowed)))
+    held = (f"the {role} role" if role is not None else
+            "a certificate that names no role (it needs a URI SAN "
+            f"{SPIFFE_PREFIX}<release>/<role> or CN=<role>)")
+    return f"{method} needs {needed}; this call came with {held}"
+
+
+def _check(method: str, context: grpc.ServicerContext) -> str:
+    return refusal(method, role_of_peer(context))
+
+
+class Authorize(grpc.ServerInterceptor):
+    """Refuses, with PERMISSION_DENIED, each call whose caller's role ``POLICY`` does not
+    admit (a synchronous server's interceptor)."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
+            return handler
+        method_name = handler_call_details.method
+        field = _field(handler)
+        behaviour = getattr(handler, field)
+
+        def authorized(request, context):
+            why = _check(method_name, context)
+            if why:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+            return behaviour(request, context)
+
+        return handler._replace(**{field: authorized})
+
+
+class AsyncAuthorize(grpc.aio.ServerInterceptor):
+    """``Authorize`` for a ``grpc.aio`` server."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
+            return handler
+        method_name = handler_call_details.method
+        field = _field(handler)
+        behaviour = getattr(handler, field)
+        if inspect.isasyncgenfunction(behaviour):
+            async def authorized_stream(request, context):
+                why = _check(method_name, context)
+                if why:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                async for reply in behaviour(request, context):
+                    yield reply
+            authorized: Callable = authorized_stream
+        else:
+            async def authorized_call(request, context):
+                why = _check(method_name, context)
+                if why:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                result = behaviour(request, context)
+                return await result if inspect.isawaitable(result) else result
+            authorized = authorized_call
+        return handler._replace(**{field: authorized})
+
+
+def _field(handler: grpc.RpcMethodHandler) -> str:
+    """The name of the handler's field that holds its behaviour."""
+    if handler.request_streaming:
+        return "stream_stream" if handler.response_streaming else "stream_unary"
+    return "unary_stream" if handler.response_streaming else "unary_unary"
