@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(cfg.deploy.actor_torch_threads)
     actor_id = args.id
     spec = env_spec(cfg.env)
-    wait_for_dependencies(*cli.replay_addresses(args.replay), args.paramserver)
+    wait_for_dependencies(replay=cli.replay_addresses(args.replay), paramserver=args.paramserver)
     replay = replay_client.connect(args.replay)
     ps = ParameterClient(args.paramserver, client_id=f"actor:{actor_id}")
     actor = Actor(cfg, spec, actor_id, replay, ps)

@@ -7,7 +7,7 @@ its readiness rule):
     proc = ServiceProcess("learner", __doc__)
     args = proc.parse(argv)                             # base flags + proc.parser's own
     cfg = proc.setup(require=("replay", "paramserver"))  # logging, config; bad: exit 2
-    wait_for_dependencies(*cli.replay_addresses(args.replay), args.paramserver)
+    wait_for_dependencies(replay=cli.replay_addresses(args.replay), paramserver=args.paramserver)
     ...                                                 # build and start the worker
     proc.serve(register(learner), port=args.port)       # health, reflection, --port-file
     learner.on_replay = proc.set_ready                  # its own readiness rule
@@ -39,11 +39,13 @@ DEPENDENCY_TIMEOUT_S = 120.0
 SERVING at start-up: on a fresh cluster they are scheduled and started at the same time."""
 
 
-def wait_for_dependencies(*addresses: str) -> None:
-    """Blocks until each of ``addresses`` answers its health check with SERVING;
-    Unavailable after ``DEPENDENCY_TIMEOUT_S`` for one of them."""
-    for address in addresses:
-        channels.wait_until_serving(address, timeout_s=DEPENDENCY_TIMEOUT_S)
+def wait_for_dependencies(*, replay: Iterable[str] = (), paramserver: str = "") -> None:
+    """Blocks until each replay shard and the parameter server answers its health check
+    with SERVING; Unavailable after ``DEPENDENCY_TIMEOUT_S`` for one of them. (The role of
+    each is what a mutual-TLS client checks the server's certificate for.)"""
+    dependencies = [(a, "replay") for a in replay] + ([(paramserver, "paramserver")] if paramserver else [])
+    for address, role in dependencies:
+        channels.wait_until_serving(address, timeout_s=DEPENDENCY_TIMEOUT_S, server_role=role)
 
 
 class ServiceProcess:

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_dir:  # eval history goes here; a fresh volume may not have the folder yet
         Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     spec = env_spec(cfg.env)
-    wait_for_dependencies(args.paramserver)
+    wait_for_dependencies(paramserver=args.paramserver)
     ps = ParameterClient(args.paramserver, client_id=f"evaluator:{args.id}")
     replay = None
     if args.replay:

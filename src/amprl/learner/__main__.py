@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = proc.setup(require=("replay", "paramserver"))
     torch.set_num_threads(cfg.deploy.learner_torch_threads)
     spec = env_spec(cfg.env)
-    wait_for_dependencies(*cli.replay_addresses(args.replay), args.paramserver)
+    wait_for_dependencies(replay=cli.replay_addresses(args.replay), paramserver=args.paramserver)
     replay = replay_client.connect(args.replay)
     ps = ParameterClient(args.paramserver, client_id=f"learner:{args.id}")
     learner = Learner(cfg, spec, replay, ps, learner_id=args.id)
