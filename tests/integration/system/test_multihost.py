@@ -1,6 +1,6 @@
 """Multi-host: every service in its own network namespace (its own IP, no shared
-loopback), addresses passed in the environment as the chart does, TLS on as with
-``tls.enabled``, Redis behind a password read from a file (the mounted Secret), and two
+loopback), addresses passed in the environment as the chart does, mutual TLS on as with
+``tls.enabled`` (each host holding only its own role's certificate), Redis behind a password read from a file (the mounted Secret), and two
 replay shards (``replay.shards: 2``: a comma-separated AMPRL_REPLAY_ADDRESS, one Redis per
 shard). Training must progress, which proves no service depends on localhost."""
 
@@ -58,6 +58,29 @@ PROBE = textwrap.dedent("""
             break
         time.sleep(0.5)
     print(json.dumps(seen))
+""")
+
+# Runs in an actor's namespace with that actor's certificate: what it may not do.
+INTRUDER = textwrap.dedent("""
+    import json, os, grpc, torch
+    from amprl.paramserver.client import ParameterClient
+    from amprl.wire.compressed import encode
+    result = {}
+    with ParameterClient(os.environ["PROBE_PS"], "actor:intruder", timeout_s=10) as client:
+        version, weights = client.pull()
+        try:
+            client.push(version, [encode(n, torch.full_like(w, 1e3), "fp32") for n, w in weights.items()])
+            result["push"] = "OK"
+        except grpc.RpcError as exc:
+            result["push"] = exc.code().name
+            result["push_details"] = exc.details()
+    with grpc.insecure_channel(os.environ["PROBE_PS"]) as plain:
+        try:
+            grpc.channel_ready_future(plain).result(timeout=3)
+            result["plaintext"] = "connected"
+        except grpc.FutureTimeoutError:
+            result["plaintext"] = "refused"
+    print(json.dumps(result))
 """)
 
 
@@ -124,3 +147,12 @@ def test_training_progresses_with_every_service_on_its_own_host(netns_topology, 
     assert seen["learners_live"] == 1, seen
     for name in ("replay-0", "replay-1", "ps", "learner", "evaluator"):
         assert "Traceback" not in topo.read_log(procs[name], max_bytes=100_000), name
+
+    # An actor's certificate gets the weights but cannot write them, even on the push
+    # port that the learner uses; a client without a certificate never connects.
+    intruder = topo["actor-0"].run([py, "-c", INTRUDER], env={
+        "AMPRL_TLS_CERT_DIR": str(certs["actor"]), "AMPRL_TLS_SERVER_NAME": "amprl.test",
+        "PROBE_PS": ps_push}, timeout=60)
+    tried = json.loads(intruder.stdout.strip().splitlines()[-1])
+    assert tried["push"] == "PERMISSION_DENIED" and "learner role" in tried["push_details"], tried
+    assert tried["plaintext"] == "refused", tried
