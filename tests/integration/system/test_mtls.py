@@ -146,3 +146,31 @@ def test_a_server_with_another_roles_certificate_is_not_trusted(system):
         with pytest.raises((errors.Unavailable, errors.DeadlineExceeded)):
             confused.info()
     channels.wait_until_serving(system.replay_address, timeout_s=10, server_role="replay")
+
+
+def test_grpcurl_with_the_operator_certificate_reads_and_without_one_is_refused(system):
+    """The README's grpcurl line, with the real grpcurl binary."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    binary = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+    operator = system.roles["operator"]
+
+    def grpcurl(*args, cert=True):
+        tls = ["-cacert", str(operator / "ca.crt"), "-servername", "replay.amprl.test"]
+        if cert:
+            tls += ["-cert", str(operator / "tls.crt"), "-key", str(operator / "tls.key")]
+        return subprocess.run([binary, "-max-time", "10", *tls, *args], capture_output=True,
+                              text=True, timeout=30)
+
+    info = grpcurl("-d", "{}", system.replay_address, "amprl.v1.ReplayService/Info")
+    assert info.returncode == 0 and '"capacity"' in info.stdout, info.stderr
+    listed = grpcurl(system.replay_address, "list")  # reflection: open to every role
+    assert "amprl.v1.ReplayService" in listed.stdout, listed.stderr
+    sample = grpcurl("-d", '{"batch_size": 1}', system.replay_address, "amprl.v1.ReplayService/Sample")
+    assert sample.returncode != 0 and "PermissionDenied" in sample.stderr, sample.stderr
+    assert "needs the learner role" in sample.stderr
+    anonymous = grpcurl("-d", "{}", system.replay_address, "amprl.v1.ReplayService/Info", cert=False)
+    assert anonymous.returncode != 0, anonymous.stdout
