@@ -27,16 +27,24 @@ VALUE_SETS: dict[str, dict] = {
         "experiment": {"learner": {"precision": "bf16"}},
     },
     "replay-3-shards": {"replay": {"shards": 3}},
-    "tls": {"tls": {"enabled": True, "secretName": "amprl-tls", "serverName": "amprl.rl.svc"}},
+    # Mutual TLS with Secrets made by hand: the default names, one renamed.
+    "tls": {"tls": {"enabled": True, "serverName": "amprl.rl.svc", "secrets": {"replay": "replay-keys"}}},
+    # Mutual TLS with cert-manager writing every role's Secret, followers on.
+    "tls-cert-manager": {
+        "tls": {"enabled": True, "certManager": {
+            "enabled": True, "issuerRef": {"name": "amprl-ca", "kind": "ClusterIssuer"},
+            "operator": True}},
+        "paramserver": {"followers": {"replicas": 2}},
+    },
     "actors-64": {"actor": {"replicas": 64}},
     "paramserver-followers": {"paramserver": {"followers": {"replicas": 3}}},
-    # The production setting: digests pinned, TLS, an existing Redis secret, GPU learner,
-    # pull-only followers serving the fleet.
+    # The production setting: digests pinned, mutual TLS from cert-manager, an existing
+    # Redis secret, GPU learner, pull-only followers serving the fleet.
     "pinned": {
         "image": {"cpu": {"digest": _DIGEST}, "cuda": {"digest": _DIGEST}},
         "redis": {"image": {"digest": _DIGEST},
                   "auth": {"existingSecret": "redis-auth", "existingSecretKey": "pw"}},
-        "tls": {"enabled": True, "secretName": "amprl-tls"},
+        "tls": {"enabled": True, "certManager": {"enabled": True, "issuerRef": {"name": "amprl-ca"}}},
         "learner": {"gpu": 1},
         "paramserver": {"followers": {"replicas": 2}},
     },

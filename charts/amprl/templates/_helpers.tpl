@@ -135,6 +135,88 @@ redis-password
 {{- default (include "amprl.fullname" .) .Values.tls.serverName -}}
 {{- end -}}
 
+{{/*
+Mutual TLS: one key pair per role, so an actor's key cannot pass for the parameter server.
+The roles that hold a certificate; paramserver followers are the paramserver role.
+*/}}
+{{- define "amprl.tlsRoles" -}}
+learner actor evaluator replay paramserver operator
+{{- end -}}
+
+{{/* Secret of one role; call with (dict "ctx" $ "role" "actor"). */}}
+{{- define "amprl.tlsSecretName" -}}
+{{- default (printf "%s-tls-%s" (include "amprl.fullname" .ctx) .role) (get .ctx.Values.tls.secrets .role) -}}
+{{- end -}}
+
+{{/*
+Refuses TLS settings that would silently weaken it: the removed single tls.secretName
+(one key pair in every pod), and two roles sharing a Secret. Renders nothing.
+*/}}
+{{- define "amprl.tlsCheck" -}}
+{{- if .Values.tls.secretName -}}
+{{- fail (printf "tls.secretName (%q) was removed: one key pair mounted in every pod let any pod pass for the parameter server or replay. Give each role its own Secret in tls.secrets.<role> (learner, actor, evaluator, replay, paramserver; default <release>-amprl-tls-<role>) or set tls.certManager; docs/kubernetes.md, section TLS, shows how to make them" .Values.tls.secretName) -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range $role := splitList " " (include "amprl.tlsRoles" .) -}}
+{{- $name := include "amprl.tlsSecretName" (dict "ctx" $ "role" $role) -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "tls.secrets.%s and tls.secrets.%s both name the Secret %q: each role needs its own key pair, or the pods of one could act as the other" (get $seen $name) $role $name) -}}
+{{- end -}}
+{{- $_ := set $seen $name $role -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The cert-manager Certificate of one role; call with (dict "ctx" $ "role" "actor"). The role
+is named twice, as servers read it (URI SAN spiffe://amprl/<release>/<role>, else CN), and
+the DNS SAN <role>.<serverName> is what a client dialing a server of that role expects.
+The operator never serves, so its certificate is for client auth only.
+*/}}
+{{- define "amprl.certificate" -}}
+{{- $ctx := .ctx -}}
+{{- $cm := $ctx.Values.tls.certManager -}}
+{{- include "amprl.tlsCheck" $ctx -}}
+apiVersion: cert-manager.io/v1
+kind: Certificate
+metadata:
+  name: {{ printf "%s-tls-%s" (include "amprl.fullname" $ctx) .role }}
+  namespace: {{ $ctx.Release.Namespace }}
+  labels:
+    {{- include "amprl.labels" (dict "ctx" $ctx "component" .role) | nindent 4 }}
+spec:
+  secretName: {{ include "amprl.tlsSecretName" . }}
+  secretTemplate:
+    labels:
+      {{- include "amprl.labels" (dict "ctx" $ctx "component" .role) | nindent 6 }}
+  commonName: {{ .role }}
+  uris:
+    - {{ printf "spiffe://amprl/%s/%s" $ctx.Release.Name .role }}
+  dnsNames:
+    - {{ printf "%s.%s" .role (include "amprl.tlsServerName" $ctx) }}
+  usages:
+    - digital signature
+    {{- if ne .role "operator" }}
+    - server auth
+    {{- end }}
+    - client auth
+  duration: {{ $cm.duration }}
+  renewBefore: {{ $cm.renewBefore }}
+  privateKey:
+    algorithm: ECDSA
+    size: 256
+    encoding: PKCS8
+    rotationPolicy: Always
+  issuerRef:
+    name: {{ required "tls.certManager.issuerRef.name is required when tls.certManager.enabled is true" $cm.issuerRef.name }}
+    kind: {{ $cm.issuerRef.kind }}
+    group: {{ $cm.issuerRef.group }}
+{{- end -}}
+
+{{/* Whether the chart renders Certificates: "true" or "". */}}
+{{- define "amprl.certManager" -}}
+{{- if and .Values.tls.enabled .Values.tls.certManager.enabled -}}true{{- end -}}
+{{- end -}}
+
 {{/* Pod-template annotations: roll pods when the experiment config changes. */}}
 {{- define "amprl.podAnnotations" -}}
 checksum/experiment: {{ toYaml .Values.experiment | sha256sum }}
@@ -183,18 +265,27 @@ checksum/experiment: {{ toYaml .Values.experiment | sha256sum }}
 {{- end }}
 {{- end -}}
 
+{{/*
+Volumes every AMP-RL pod gets; call with (dict "ctx" $ "role" "actor"). With TLS the pod
+mounts its own role's Secret and no other, and only the three files the services read.
+*/}}
 {{- define "amprl.commonVolumes" -}}
 - name: experiment
   configMap:
-    name: {{ include "amprl.componentName" (dict "ctx" . "component" "experiment") }}
+    name: {{ include "amprl.componentName" (dict "ctx" .ctx "component" "experiment") }}
 - name: tmp
   emptyDir:
     sizeLimit: 1Gi
-{{- if .Values.tls.enabled }}
+{{- if .ctx.Values.tls.enabled }}
+{{- include "amprl.tlsCheck" .ctx }}
 - name: tls
   secret:
-    secretName: {{ required "tls.secretName is required when tls.enabled is true" .Values.tls.secretName }}
+    secretName: {{ include "amprl.tlsSecretName" . }}
     defaultMode: 0440
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+      - {key: ca.crt, path: ca.crt}
 {{- end }}
 {{- end -}}
 
