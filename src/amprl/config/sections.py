@@ -202,6 +202,23 @@ class ParamServerConfig:
     """Gradients older than this many versions are rejected with FAILED_PRECONDITION."""
     staleness_scaling: bool = False
     """Scale an accepted stale gradient by 1 / (1 + staleness)."""
+    max_push_norm: Annotated[float, Bound(gt=0)] = 1.0e6
+    """Largest global L2 gradient norm of one optimizer step, from the first push on; a
+    push with a step above it is refused with INVALID_ARGUMENT and changes nothing. Far
+    above any real step: a learner clips to ``learner.grad_clip_norm``, and a 1-bit step's
+    norm is about sqrt(parameters) (~1.3e3 for the Nature CNN). Rule and reasons:
+    ``amprl.paramserver.admission.PushNormBound``."""
+    max_push_norm_ratio: Annotated[float, Bound(gt=1)] = 100.0
+    """Once ``push_norm_window`` steps are accepted, a step is also refused above this
+    many times the median norm of the last ``push_norm_window`` accepted steps (never below
+    ``push_norm_floor``). Real gradient norms drift 10x over a run: leave it generous."""
+    push_norm_window: Annotated[int, Bound(ge=1)] = 100
+    """Accepted steps whose median norm sets the relative bound (it follows a trend within
+    half of this many steps); until that many are accepted only ``max_push_norm`` applies."""
+    push_norm_floor: Annotated[float, Bound(ge=0)] = 10.0
+    """The relative bound never falls below this, so a step this small is never refused
+    by ratio (a sparse reward's first gradient can be 1000x the near-zero median before
+    it). The default is ``learner.grad_clip_norm``'s: set it to yours."""
     checkpoint_interval_s: float = 30.0
     """Seconds between checkpoints (also one at shutdown); 0 disables them. A server killed
     without warning loses at most this much training (or ``checkpoint_interval_versions``

@@ -36,6 +36,14 @@ that step a replica of their own.
 
 Every push is validated in full (names, duplicates, shapes, dtypes, finiteness) before the
 store is touched: a bad push changes nothing but the ``pushes_rejected_invalid`` counter.
+
+Bounded updates: no push moves the weights further than a bound on its size. Each step's
+global gradient norm is judged against the bound of ``admission.PushNormBound`` (an absolute
+cap, and a multiple of the median norm of recently accepted steps; the formula and its
+reasons are there) right before the staleness rule: it judges what the push holds, so a
+huge push is refused as such (InvalidArgument, counted in ``pushes_rejected_norm``) whether
+or not it is also stale. A refused push changes nothing else: weights, optimizer moments,
+version and the norm statistic stay as they were.
 """
 
 from __future__ import annotations
@@ -49,7 +57,8 @@ import torch
 from torch import nn
 
 from amprl.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
-from amprl.paramserver.admission import admit, in_step, validate_gradients
+from amprl.paramserver.admission import (PushNormBound, admit, in_step, push_norm,
+                                         validate_gradients)
 from amprl.paramserver.ledger import PushLedger
 from amprl.paramserver.weights import DEFAULT_LIVE_WINDOW_S, VersionedWeights
 from amprl.rl.optimizer import OptimizerRule
@@ -105,10 +114,13 @@ class ParameterStore(VersionedWeights):
                  lr_decay_versions: int = 0, betas: tuple[float, float] = (0.9, 0.999),
                  max_staleness: int = 16, staleness_scaling: bool = False,
                  live_window_s: float = DEFAULT_LIVE_WINDOW_S, device: str | torch.device = "cpu",
-                 reorder_wait_s: float = DEFAULT_REORDER_WAIT_S):
+                 reorder_wait_s: float = DEFAULT_REORDER_WAIT_S,
+                 norm_bound: PushNormBound | None = None):
         if max_staleness < 0:
             raise InvalidArgument(f"max_staleness ({max_staleness}) must be >= 0")
         super().__init__(params, live_window_s=live_window_s, device=device)
+        self.norm_bound = PushNormBound() if norm_bound is None else norm_bound
+        """The bound on each step's gradient norm (module docstring), owned by this store."""
         self._ledger = PushLedger(self.changed, lambda: self.closed)
         self.rule = OptimizerRule(self.params, lr=lr, adam_eps=adam_eps, lr_final=lr_final,
                                   lr_decay_versions=lr_decay_versions, betas=betas)
@@ -198,6 +210,7 @@ class ParameterStore(VersionedWeights):
         except InvalidArgument:
             self.note_invalid_push()
             raise
+        norms = [push_norm(step.grads) for step in steps]  # before the lock: it reads every value
         with self._lock:
             ahead = int(base_version) - self.version
             if 0 < ahead <= self.max_staleness:  # pushes computed in order, arriving out of it
@@ -207,6 +220,11 @@ class ParameterStore(VersionedWeights):
                 self.counters.pushes_abandoned += 1
                 raise DeadlineExceeded(f"push on version {base_version}: its caller went away "
                                        f"before it was applied (not applied)")
+            try:
+                self.norm_bound.check(norms)
+            except InvalidArgument:
+                self.counters.pushes_rejected_norm += 1
+                raise
             try:
                 staleness, scale = admit(base_version, self.version, self.max_staleness,
                                          self.staleness_scaling)
@@ -223,6 +241,7 @@ class ParameterStore(VersionedWeights):
                     self.counters.pushes_applied += 1
                 self.counters.staleness_sum += staleness
                 self.counters.transitions_trained += int(step.batch_size)
+            self.norm_bound.accept(norms)
             self.counters.max_staleness_accepted = max(self.counters.max_staleness_accepted,
                                                        staleness)
             if learner_id:
@@ -247,6 +266,13 @@ class ParameterStore(VersionedWeights):
         """The learning rate of the step that makes ``version + 1`` (``OptimizerRule``)."""
         return self.rule.lr_at(version)
 
+    def info(self) -> dict:
+        """``VersionedWeights.info`` and the bound a step's gradient norm is judged by now."""
+        out = super().info()
+        with self._lock:
+            out["push_norm_bound"] = self.norm_bound.bound
+        return out
+
     def note_invalid_push(self) -> None:
         """Counts a push rejected as malformed before it reached ``apply``."""
         with self._lock:
@@ -263,6 +289,7 @@ class ParameterStore(VersionedWeights):
                 "shapes": [list(s) for s in self.shapes.values()],
                 "params": {n: p.detach().clone().cpu() for n, p in self.params.items()},
                 "optimizer": _clone_tensors(self.optimizer.state_dict()),
+                "push_norms": self.norm_bound.norms(),
             }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -282,6 +309,7 @@ class ParameterStore(VersionedWeights):
                     self.params[n].copy_(state["params"][n].to(self.device, torch.float32))
             self.rule.load_state_dict(state["optimizer"])  # this run's lr wins over the saved one
             self.version = int(state["version"])
+            self.norm_bound.load(state.get("push_norms", []))  # none in older checkpoints
             self.revision += 1
             self.checkpoint_version = self.version
             self.changed.notify_all()
@@ -309,8 +337,10 @@ def build_store(cfg, model: nn.Module, *, live_window_s: float | None = None,
     """
     ps = cfg.paramserver
     extra = {} if live_window_s is None else {"live_window_s": live_window_s}
+    bound = PushNormBound(max_norm=ps.max_push_norm, ratio=ps.max_push_norm_ratio,
+                          window=ps.push_norm_window, floor=ps.push_norm_floor)
     return ParameterStore.from_model(model, lr=ps.lr, adam_eps=ps.adam_eps,
                                      lr_final=ps.lr_final, lr_decay_versions=ps.lr_decay_versions,
                                      max_staleness=ps.max_staleness,
                                      staleness_scaling=ps.staleness_scaling, device=device,
-                                     **extra)
+                                     norm_bound=bound, **extra)

@@ -51,6 +51,8 @@ class Counters:
     pushes_scaled: int = 0
     pushes_rejected_stale: int = 0
     pushes_rejected_invalid: int = 0
+    pushes_rejected_norm: int = 0
+    """Pushes refused because a step's gradient norm exceeded the bound (store docstring)."""
     pushes_abandoned: int = 0
     """Pushes not applied because their caller had gone (deadline passed, cancelled)."""
     pushes_repeated: int = 0
@@ -214,6 +216,7 @@ class VersionedWeights:
             "pushes_scaled": c.pushes_scaled,
             "pushes_rejected_stale": c.pushes_rejected_stale,
             "pushes_rejected_invalid": c.pushes_rejected_invalid,
+            "pushes_rejected_norm": c.pushes_rejected_norm,
             "pushes_abandoned": c.pushes_abandoned,
             "pushes_repeated": c.pushes_repeated,
             "steps_applied_by_learner": by_learner,

@@ -419,6 +419,8 @@ class ParameterServiceInfoResponse(_message.Message):
     PUSHES_ABANDONED_FIELD_NUMBER: _builtins.int
     PUSHES_REPEATED_FIELD_NUMBER: _builtins.int
     STEPS_APPLIED_BY_LEARNER_FIELD_NUMBER: _builtins.int
+    PUSHES_REJECTED_NORM_FIELD_NUMBER: _builtins.int
+    PUSH_NORM_BOUND_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Current version (applied gradients since the run started, checkpoints included)."""
     pushes_applied: _builtins.int
@@ -461,6 +463,16 @@ class ParameterServiceInfoResponse(_message.Message):
     """
     pushes_repeated: _builtins.int
     """Resends of numbered pushes answered with their first outcome (nothing applied again)."""
+    pushes_rejected_norm: _builtins.int
+    """Pushes refused with INVALID_ARGUMENT because the gradient norm of a step exceeded the
+    bound (push_norm_bound); counted here, not in pushes_rejected_invalid.
+    """
+    push_norm_bound: _builtins.float
+    """The largest global L2 norm of one step's gradient accepted now: paramserver.max_push_norm
+    until push_norm_window steps are accepted, then
+    min(max_push_norm, max(push_norm_floor, max_push_norm_ratio x the median norm of the last
+    push_norm_window accepted steps)). 0 on a pull-only follower, which takes no pushes.
+    """
     @_builtins.property
     def steps_applied_by_learner(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Optimizer steps applied per pushing learner id (as sent or scaled), since this process
@@ -491,10 +503,12 @@ class ParameterServiceInfoResponse(_message.Message):
         pushes_abandoned: _builtins.int = ...,
         pushes_repeated: _builtins.int = ...,
         steps_applied_by_learner: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        pushes_rejected_norm: _builtins.int = ...,
+        push_norm_bound: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "checkpoint_version", b"checkpoint_version", "clients_live", b"clients_live", "gradient_bytes_received", b"gradient_bytes_received", "incarnation", b"incarnation", "learners_live", b"learners_live", "live_window_seconds", b"live_window_seconds", "max_staleness", b"max_staleness", "num_parameters", b"num_parameters", "num_tensors", b"num_tensors", "pulls_unchanged", b"pulls_unchanged", "pulls_with_weights", b"pulls_with_weights", "pushes_abandoned", b"pushes_abandoned", "pushes_applied", b"pushes_applied", "pushes_rejected_invalid", b"pushes_rejected_invalid", "pushes_rejected_stale", b"pushes_rejected_stale", "pushes_repeated", b"pushes_repeated", "pushes_scaled", b"pushes_scaled", "steps_applied_by_learner", b"steps_applied_by_learner", "transitions_trained", b"transitions_trained", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actors_live", b"actors_live", "checkpoint_version", b"checkpoint_version", "clients_live", b"clients_live", "gradient_bytes_received", b"gradient_bytes_received", "incarnation", b"incarnation", "learners_live", b"learners_live", "live_window_seconds", b"live_window_seconds", "max_staleness", b"max_staleness", "num_parameters", b"num_parameters", "num_tensors", b"num_tensors", "pulls_unchanged", b"pulls_unchanged", "pulls_with_weights", b"pulls_with_weights", "push_norm_bound", b"push_norm_bound", "pushes_abandoned", b"pushes_abandoned", "pushes_applied", b"pushes_applied", "pushes_rejected_invalid", b"pushes_rejected_invalid", "pushes_rejected_norm", b"pushes_rejected_norm", "pushes_rejected_stale", b"pushes_rejected_stale", "pushes_repeated", b"pushes_repeated", "pushes_scaled", b"pushes_scaled", "steps_applied_by_learner", b"steps_applied_by_learner", "transitions_trained", b"transitions_trained", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -75,7 +75,9 @@ class ParameterServiceServicer:
         """Applies one gradient: all of the model's parameters or a subset of them (each in one
         encoding); parameters absent from the push are not stepped. INVALID_ARGUMENT for an
         empty push, unknown or duplicate names, shapes that differ from the model's, a bad
-        encoding, or NaN/Inf values (weights and optimizer state stay untouched);
+        encoding, NaN/Inf values, or a step whose gradient norm (decoded, before staleness
+        scaling) exceeds the server's bound (Info.push_norm_bound) (weights and optimizer state
+        stay untouched);
         FAILED_PRECONDITION when the gradient is too stale, or its base_version is ahead of the
         server's (the trailing metadata key "amprl-current-version" carries the version).
         """

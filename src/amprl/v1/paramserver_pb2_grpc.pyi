@@ -46,7 +46,9 @@ class ParameterServiceStub:
     """Applies one gradient: all of the model's parameters or a subset of them (each in one
     encoding); parameters absent from the push are not stepped. INVALID_ARGUMENT for an
     empty push, unknown or duplicate names, shapes that differ from the model's, a bad
-    encoding, or NaN/Inf values (weights and optimizer state stay untouched);
+    encoding, NaN/Inf values, or a step whose gradient norm (decoded, before staleness
+    scaling) exceeds the server's bound (Info.push_norm_bound) (weights and optimizer state
+    stay untouched);
     FAILED_PRECONDITION when the gradient is too stale, or its base_version is ahead of the
     server's (the trailing metadata key "amprl-current-version" carries the version).
     """
@@ -78,7 +80,9 @@ class ParameterServiceAsyncStub(ParameterServiceStub):
     """Applies one gradient: all of the model's parameters or a subset of them (each in one
     encoding); parameters absent from the push are not stepped. INVALID_ARGUMENT for an
     empty push, unknown or duplicate names, shapes that differ from the model's, a bad
-    encoding, or NaN/Inf values (weights and optimizer state stay untouched);
+    encoding, NaN/Inf values, or a step whose gradient norm (decoded, before staleness
+    scaling) exceeds the server's bound (Info.push_norm_bound) (weights and optimizer state
+    stay untouched);
     FAILED_PRECONDITION when the gradient is too stale, or its base_version is ahead of the
     server's (the trailing metadata key "amprl-current-version" carries the version).
     """
@@ -113,7 +117,9 @@ class ParameterServiceServicer(metaclass=_abc_1.ABCMeta):
         """Applies one gradient: all of the model's parameters or a subset of them (each in one
         encoding); parameters absent from the push are not stepped. INVALID_ARGUMENT for an
         empty push, unknown or duplicate names, shapes that differ from the model's, a bad
-        encoding, or NaN/Inf values (weights and optimizer state stay untouched);
+        encoding, NaN/Inf values, or a step whose gradient norm (decoded, before staleness
+        scaling) exceeds the server's bound (Info.push_norm_bound) (weights and optimizer state
+        stay untouched);
         FAILED_PRECONDITION when the gradient is too stale, or its base_version is ahead of the
         server's (the trailing metadata key "amprl-current-version" carries the version).
         """
