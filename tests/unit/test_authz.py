@@ -91,3 +91,13 @@ def test_amprl_certs_writes_one_folder_per_role_and_keeps_its_ca(tmp_path, capsy
     assert "actor" in capsys.readouterr().out
     with pytest.raises(errors.ConfigError, match="names no AMP-RL role"):
         certs.role_of_file(tmp_path / "ca" / "ca.crt")
+
+
+def test_a_server_admits_only_its_own_release_when_its_certificate_names_one():
+    assert authz.release_refusal("prod", "prod") == ""
+    assert "release 'prod'" in authz.release_refusal("prod", "staging")
+    assert "CN-only" in authz.release_refusal("prod", None)
+    assert authz.release_refusal(None, "anything") == ""  # a CN-only server has none to compare
+    assert certs.identity_of_uri("spiffe://amprl/my-run/learner") == ("my-run", "learner")
+    assert certs.identity_of_uri("spiffe://amprl/learner") is None  # no release
+    assert certs.identity_of_uri("spiffe://amprl/x/admin") is None

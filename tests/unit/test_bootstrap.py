@@ -137,3 +137,36 @@ def test_a_worker_whose_thread_died_stops_its_server_and_exits_1(caplog):
     assert "exiting so that the pod is restarted" in caplog.text
     with pytest.raises(grpc.RpcError):
         health(proc.port)
+
+
+def test_a_worker_stops_with_status_0_when_its_certificate_is_renewed(tmp_path, monkeypatch, caplog):
+    """cert-manager renews the Secret, the kubelet swaps the files: a worker (whose client
+    channels hold the old certificate) stops so that Kubernetes starts it with the new."""
+    from amprl.common import bootstrap, certs
+
+    folder = certs.make_role_certs(tmp_path, roles=("actor",))["actor"]
+    monkeypatch.setenv("AMPRL_TLS_CERT_DIR", str(folder))
+    monkeypatch.setattr(bootstrap, "RENEWAL_CHECK_S", 0.05)
+    proc = serving_process()
+    renew = threading.Timer(0.3, lambda: certs.make_role_certs(tmp_path, roles=("actor",)))
+    renew.start()
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO):
+        status = proc.run_until_stopped(lambda stop: stop.wait(30), grace_s=1.0)
+    renew.join()
+    assert status == 0 and time.monotonic() - start < 10
+    assert "was renewed" in caplog.text
+
+
+def test_a_server_that_reloads_in_place_keeps_running_through_a_renewal(tmp_path, monkeypatch):
+    from amprl.common import bootstrap, certs
+
+    certs.make_role_certs(tmp_path, roles=("replay",))
+    monkeypatch.setenv("AMPRL_TLS_CERT_DIR", str(tmp_path / "replay"))
+    monkeypatch.setattr(bootstrap, "RENEWAL_CHECK_S", 0.05)
+    proc = serving_process()
+    certs.make_role_certs(tmp_path, roles=("replay",))
+    signal_soon(signal.SIGTERM, after_s=1.0)
+    start = time.monotonic()
+    assert proc.run_until_stopped(grace_s=1.0, renewal=bootstrap.Renewal.RELOAD) == 0
+    assert time.monotonic() - start >= 0.9  # ran until the signal, not stopped by the renewal

@@ -87,7 +87,7 @@ class AioServer:
         creds = grpcutil.server_credentials()
         guards: list[grpc.aio.ServerInterceptor] = [inbound.AsyncDecodeGuard()]
         if creds is not None:
-            guards.insert(0, authz.AsyncAuthorize())
+            guards.insert(0, authz.AsyncAuthorize(grpcutil.own_identity()[0]))
         server = grpc.aio.server(interceptors=guards,
                                  options=grpcutil.message_limits(max_message_bytes)
                                  + grpcutil.SERVER_KEEPALIVE + keepalive_options(keepalive_s))

@@ -3,9 +3,10 @@ interceptors that enforce them.
 
 With TLS on (AMPRL_TLS_CERT_DIR set) every server requires a client certificate signed by
 the deployment's CA, so a caller without one never gets past the handshake. The
-certificate names the caller's role (``amprl.common.certs``); ``POLICY`` says which roles
-each RPC admits. A caller whose role is not admitted gets PERMISSION_DENIED with a message
-naming the role the RPC needs, before the servicer or the request's payload is touched.
+certificate names the caller's role and release (``amprl.common.certs``); ``POLICY`` says
+which roles each RPC admits, and a server admits only callers of its own release. A caller
+not admitted gets PERMISSION_DENIED with a message naming the role (or release) the RPC
+needs, before the servicer or the request's payload is touched.
 
 An RPC of the ``amprl.v1`` package that ``POLICY`` does not list is refused to everyone
 (a new RPC is closed until someone decides who may call it; a test checks that every RPC
@@ -23,7 +24,7 @@ from typing import Callable, Mapping
 
 import grpc
 
-from amprl.common.certs import ROLES, SPIFFE_PREFIX
+from amprl.common.certs import ROLES, SPIFFE_PREFIX, identity_of_uri
 
 EVERYONE = frozenset(ROLES)
 
@@ -49,22 +50,20 @@ OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 """Methods any authenticated caller may use (probes, grpcurl)."""
 
 
-def role_of_peer(context: grpc.ServicerContext) -> str | None:
-    """The role the caller's verified certificate names: a URI SAN
-    ``spiffe://amprl/<release>/<role>``, else the CN; None when it names no role."""
+def identity_of_peer(context: grpc.ServicerContext) -> tuple[str | None, str | None]:
+    """(release, role) the caller's verified certificate names: from a URI SAN
+    ``spiffe://amprl/<release>/<role>``, else (None, the CN); role None when it names none."""
     # types-grpcio types each property as bytes; grpc gives a list of bytes per property
     auth: Mapping[str, list[bytes]] = context.auth_context()  # type: ignore[assignment]
     for san in auth.get("x509_subject_alternative_name", []):
-        text = san.decode(errors="replace")
-        if text.startswith(SPIFFE_PREFIX):
-            role = text.rstrip("/").rsplit("/", 1)[-1]
-            if role in ROLES:
-                return role
+        identity = identity_of_uri(san.decode(errors="replace"))
+        if identity is not None:
+            return identity
     for cn in auth.get("x509_common_name", []):
         text = cn.decode(errors="replace")
         if text in ROLES:
-            return text
-    return None
+            return None, text
+    return None, None
 
 
 def refusal(method: str, role: str | None) -> str:
@@ -84,13 +83,30 @@ def refusal(method: str, role: str | None) -> str:
     return f"{method} needs {needed}; this call came with {held}"
 
 
-def _check(method: str, context: grpc.ServicerContext) -> str:
-    return refusal(method, role_of_peer(context))
+def release_refusal(own: str | None, theirs: str | None) -> str:
+    """Why a caller of release ``theirs`` may not call a server of release ``own`` ("" when
+    it may). A server whose own certificate names a release admits only callers of the
+    same release, so two releases whose issuers share a CA cannot write each other's
+    weights; a server with a CN-only certificate has no release to compare."""
+    if own is None or theirs == own:
+        return ""
+    held = f"release {theirs!r}" if theirs is not None else "no release (a CN-only certificate)"
+    return (f"this server belongs to release {own!r} (its certificate's "
+            f"{SPIFFE_PREFIX}{own}/...); this call came with a certificate of {held}")
+
+
+def _check(method: str, context: grpc.ServicerContext, release: str | None) -> str:
+    theirs, role = identity_of_peer(context)
+    return release_refusal(release, theirs) or refusal(method, role)
 
 
 class Authorize(grpc.ServerInterceptor):
     """Refuses, with PERMISSION_DENIED, each call whose caller's role ``POLICY`` does not
-    admit (a synchronous server's interceptor)."""
+    admit or whose certificate is of another release than ``release`` (this server's own;
+    None: no check). A synchronous server's interceptor."""
+
+    def __init__(self, release: str | None):
+        self.release = release
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -101,7 +117,7 @@ class Authorize(grpc.ServerInterceptor):
         behaviour = getattr(handler, field)
 
         def authorized(request, context):
-            why = _check(method_name, context)
+            why = _check(method_name, context, self.release)
             if why:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
             return behaviour(request, context)
@@ -112,6 +128,9 @@ class Authorize(grpc.ServerInterceptor):
 class AsyncAuthorize(grpc.aio.ServerInterceptor):
     """``Authorize`` for a ``grpc.aio`` server."""
 
+    def __init__(self, release: str | None):
+        self.release = release
+
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
@@ -121,7 +140,7 @@ class AsyncAuthorize(grpc.aio.ServerInterceptor):
         behaviour = getattr(handler, field)
         if inspect.isasyncgenfunction(behaviour):
             async def authorized_stream(request, context):
-                why = _check(method_name, context)
+                why = _check(method_name, context, self.release)
                 if why:
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
                 async for reply in behaviour(request, context):
@@ -129,7 +148,7 @@ class AsyncAuthorize(grpc.aio.ServerInterceptor):
             authorized: Callable = authorized_stream
         else:
             async def authorized_call(request, context):
-                why = _check(method_name, context)
+                why = _check(method_name, context, self.release)
                 if why:
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
                 result = behaviour(request, context)

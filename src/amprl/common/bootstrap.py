@@ -25,14 +25,34 @@ server's stop, with ``grace_s`` for the calls still open.
 from __future__ import annotations
 
 import argparse
+import enum
 import logging
 import signal
 import threading
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from amprl.common import channels, cli, grpcutil
+from amprl import errors
+from amprl.common import certs, channels, cli, grpcutil
 from amprl.common.supervise import ThreadDied
 from amprl.config import ExperimentConfig
+
+class Renewal(enum.Enum):
+    """What a process does when its mounted certificate files change (cert-manager renewed
+    them; the kubelet updates a mounted Secret in place)."""
+
+    RELOAD = "reload"
+    """Nothing: its server re-reads the files at the next handshake
+    (``grpcutil.server_credentials``), and it dials no one (replay, the parameter server)."""
+    RESTART = "restart"
+    """Stop, as on SIGTERM, with status 0 so that Kubernetes starts it again with the new
+    files: its client channels hold the old certificate until they are rebuilt (workers,
+    followers)."""
+
+
+RENEWAL_CHECK_S = 30.0
+"""How often a ``Renewal.RESTART`` process compares its certificate files with those it
+started with."""
 
 DEPENDENCY_TIMEOUT_S = 120.0
 """How long a worker waits for each server it needs (replay, parameter server) to answer
@@ -97,13 +117,19 @@ class ServiceProcess:
 
     def run_until_stopped(self, run: Callable[[threading.Event], None] | None = None, *,
                           grace_s: float, drain: bool = False,
-                          on_stop: Callable[[], None] | None = None) -> int:
+                          on_stop: Callable[[], None] | None = None,
+                          renewal: Renewal = Renewal.RESTART) -> int:
         """Serves until SIGTERM or SIGINT, running ``run(stop)`` meanwhile (a worker's loop,
-        which returns once ``stop`` is set), then shuts down (module docstring). Returns the
-        exit status: 0, or 1 when ``run`` raised ThreadDied (a supervised background thread
+        which returns once ``stop`` is set), then shuts down (module docstring); with TLS on
+        and ``Renewal.RESTART``, also when the certificate files change. Returns the exit
+        status: 0, or 1 when ``run`` raised ThreadDied (a supervised background thread
         died), so that Kubernetes restarts the pod."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        cert_dir = grpcutil.tls_cert_dir()
+        if cert_dir is not None and renewal is Renewal.RESTART:
+            threading.Thread(target=self._watch_certificates, args=(cert_dir,), daemon=True,
+                             name="certificate-watch").start()
         status = 0
         try:
             if run is None:
@@ -116,6 +142,19 @@ class ServiceProcess:
         finally:
             self._shut_down(grace_s, self.args.drain_s if drain else 0.0, on_stop)
         return status
+
+    def _watch_certificates(self, cert_dir: Path) -> None:
+        started_with = grpcutil.read_tls_files(cert_dir)
+        while not self._stop.wait(RENEWAL_CHECK_S):
+            try:
+                now = grpcutil.read_tls_files(cert_dir)
+            except errors.ConfigError:
+                continue  # caught half-way through the kubelet's swap: look again later
+            if now != started_with and certs.role_of_pem(now[1]) is not None:
+                self.log.info("the certificate in %s was renewed: stopping so that this "
+                              "process starts again with it", cert_dir)
+                self._stop.set()
+                return
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.log.info("signal %d: stopping", signum)

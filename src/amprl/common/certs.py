@@ -39,24 +39,37 @@ def server_name_of(role: str, server_name: str) -> str:
     return f"{role}.{server_name}"
 
 
-def role_of_certificate(cert: x509.Certificate) -> str | None:
-    """The role a certificate names (URI SAN ``spiffe://amprl/<release>/<role>``, else the
-    CN), or None when it names none of ``ROLES``."""
+def identity_of_certificate(cert: x509.Certificate) -> tuple[str | None, str | None]:
+    """(release, role) a certificate names: both from the URI SAN
+    ``spiffe://amprl/<release>/<role>``, else (None, the CN); None for a role that is not
+    one of ``ROLES``."""
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         uris = san.get_values_for_type(x509.UniformResourceIdentifier)
     except x509.ExtensionNotFound:
         uris = []
     for uri in uris:
-        if uri.startswith(SPIFFE_PREFIX):
-            role = uri.rstrip("/").rsplit("/", 1)[-1]
-            if role in ROLES:
-                return role
+        identity = identity_of_uri(uri)
+        if identity is not None:
+            return identity
     for attr in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME):
         value = attr.value if isinstance(attr.value, str) else attr.value.decode()
         if value in ROLES:
-            return value
-    return None
+            return None, value
+    return None, None
+
+
+def identity_of_uri(uri: str) -> tuple[str, str] | None:
+    """(release, role) of ``spiffe://amprl/<release>/<role>``; None for any other URI."""
+    if not uri.startswith(SPIFFE_PREFIX):
+        return None
+    release, _, role = uri[len(SPIFFE_PREFIX):].rstrip("/").rpartition("/")
+    return (release, role) if release and role in ROLES else None
+
+
+def role_of_certificate(cert: x509.Certificate) -> str | None:
+    """The role a certificate names (``identity_of_certificate``), or None."""
+    return identity_of_certificate(cert)[1]
 
 
 def role_of_pem(pem: bytes) -> str | None:
@@ -70,17 +83,25 @@ def role_of_pem(pem: bytes) -> str | None:
 
 def role_of_file(path: Path) -> str:
     """The role of the certificate in ``path``; ConfigError when it names none."""
+    return identity_of_file(path)[1]
+
+
+def identity_of_file(path: Path) -> tuple[str | None, str]:
+    """(release, role) of the certificate in ``path`` (release None for a CN-only one);
+    ConfigError when it names no role."""
     try:
-        pem = path.read_bytes()
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
     except OSError as exc:
         raise errors.ConfigError(f"{path}: cannot read the certificate ({exc.strerror})") from None
-    role = role_of_pem(pem)
+    except ValueError as exc:
+        raise errors.ConfigError(f"{path}: not a PEM certificate ({exc})") from None
+    release, role = identity_of_certificate(cert)
     if role is None:
         raise errors.ConfigError(
             f"{path}: the certificate names no AMP-RL role; it needs a URI SAN "
             f"{SPIFFE_PREFIX}<release>/<role> or CN=<role>, role one of {', '.join(ROLES)} "
             f"(`amprl certs DIR` makes such certificates)")
-    return role
+    return release, role
 
 
 def server_name_in(path: Path) -> str:

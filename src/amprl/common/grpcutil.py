@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import secrets
+import threading
 from concurrent import futures
 from pathlib import Path
 from typing import Callable, Iterable
@@ -75,16 +76,55 @@ def _read_tls_file(cert_dir: Path, name: str) -> bytes:
                                  f"role (`amprl certs DIR` makes them)") from None
 
 
+TLS_FILES = ("tls.key", "tls.crt", "ca.crt")
+
+
+def read_tls_files(cert_dir: Path) -> tuple[bytes, bytes, bytes]:
+    """(tls.key, tls.crt, ca.crt) of ``cert_dir``; ConfigError naming a missing one."""
+    key, crt, ca = (_read_tls_file(cert_dir, name) for name in TLS_FILES)
+    return key, crt, ca
+
+
+class _RenewedCertificates:
+    """The fetcher of ``grpc.dynamic_ssl_server_credentials``: gRPC calls it before each
+    handshake; it returns a new configuration when the files in the folder have changed
+    (cert-manager renewed the Secret, the kubelet swapped the mounted files), else None
+    (keep the current one). Files read half-way through a swap, or a pair that does not
+    load, keep the current configuration until the next handshake."""
+
+    def __init__(self, cert_dir: Path, current: tuple[bytes, bytes, bytes]):
+        self.cert_dir = cert_dir
+        self.current = current
+        self.lock = threading.Lock()
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        try:
+            files = read_tls_files(self.cert_dir)
+        except errors.ConfigError:
+            return None
+        with self.lock:
+            if files == self.current or certs.role_of_pem(files[1]) is None:
+                return None
+            self.current = files
+        log.info("TLS: the certificate in %s changed; new handshakes use it", self.cert_dir)
+        key, crt, ca = files
+        return grpc.ssl_server_certificate_configuration([(key, crt)], root_certificates=ca)
+
+
 def server_credentials() -> grpc.ServerCredentials | None:
     """Mutual-TLS server credentials from AMPRL_TLS_CERT_DIR (this process's key pair; client
-    certificates required and verified against ca.crt); None when TLS is off."""
+    certificates required and verified against ca.crt), re-read when the files change (a
+    renewed certificate is used without a restart); None when TLS is off."""
     cert_dir = tls_cert_dir()
     if cert_dir is None:
         return None
-    return grpc.ssl_server_credentials([(_read_tls_file(cert_dir, "tls.key"),
-                                         _read_tls_file(cert_dir, "tls.crt"))],
-                                       root_certificates=_read_tls_file(cert_dir, "ca.crt"),
-                                       require_client_auth=True)
+    files = read_tls_files(cert_dir)
+    key, crt, ca = files
+    initial = grpc.ssl_server_certificate_configuration([(key, crt)], root_certificates=ca)
+    # types-grpcio types the fetcher's result without None, which gRPC documents as "keep"
+    return grpc.dynamic_ssl_server_credentials(
+        initial, _RenewedCertificates(cert_dir, files),  # type: ignore[arg-type]
+        require_client_authentication=True)
 
 
 def server_interceptors() -> list[grpc.ServerInterceptor]:
@@ -92,7 +132,7 @@ def server_interceptors() -> list[grpc.ServerInterceptor]:
     and with TLS on the per-RPC authorization."""
     guards: list[grpc.ServerInterceptor] = [inbound.DecodeGuard()]
     if tls_cert_dir() is not None:
-        guards.insert(0, authz.Authorize())
+        guards.insert(0, authz.Authorize(own_identity()[0]))
     return guards
 
 
@@ -113,18 +153,23 @@ def channel_credentials(server_role: str | None
     if server_role not in certs.ROLES:
         raise errors.ConfigError(f"with {TLS_CERT_DIR_ENV} set a client must name the role of the "
                                  f"server it dials (one of {', '.join(certs.ROLES)}), not {server_role!r}")
-    creds = grpc.ssl_channel_credentials(root_certificates=_read_tls_file(cert_dir, "ca.crt"),
-                                         private_key=_read_tls_file(cert_dir, "tls.key"),
-                                         certificate_chain=_read_tls_file(cert_dir, "tls.crt"))
+    key, crt, ca = read_tls_files(cert_dir)
+    creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=crt)
     return creds, [("grpc.ssl_target_name_override", certs.server_name_of(server_role, tls_server_name()))]
 
 
-def own_role() -> str:
-    """The role of this process's certificate (AMPRL_TLS_CERT_DIR/tls.crt); TLS must be on."""
+def own_identity() -> tuple[str | None, str]:
+    """(release, role) of this process's certificate (AMPRL_TLS_CERT_DIR/tls.crt); TLS must
+    be on."""
     cert_dir = tls_cert_dir()
     if cert_dir is None:
         raise errors.ConfigError(f"{TLS_CERT_DIR_ENV} is not set")
-    return certs.role_of_file(cert_dir / "tls.crt")
+    return certs.identity_of_file(cert_dir / "tls.crt")
+
+
+def own_role() -> str:
+    """The role of this process's certificate; TLS must be on."""
+    return own_identity()[1]
 
 
 def message_limits(max_message_bytes: int) -> list[tuple[str, int]]:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from amprl.common import cli
-from amprl.common.bootstrap import ServiceProcess
+from amprl.common.bootstrap import Renewal, ServiceProcess
 from amprl.config import ExperimentConfig
 from amprl.paramserver.checkpoint import CheckpointManager, PeriodicCheckpointer
 from amprl.paramserver.follower import create_follower
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None,
         if periodic:
             periodic.stop()
 
-    proc.run_until_stopped(grace_s=5.0, drain=True, on_stop=on_stop)
+    # the primary dials no one: its servers re-read a renewed certificate in place
+    proc.run_until_stopped(grace_s=5.0, drain=True, on_stop=on_stop, renewal=Renewal.RELOAD)
     for event in pull_stopped:
         event.wait()
     if ckpt:

@@ -174,3 +174,34 @@ def test_grpcurl_with_the_operator_certificate_reads_and_without_one_is_refused(
     assert "needs the learner role" in sample.stderr
     anonymous = grpcurl("-d", "{}", system.replay_address, "amprl.v1.ReplayService/Info", cert=False)
     assert anonymous.returncode != 0, anonymous.stdout
+
+
+def test_a_certificate_of_another_release_from_the_same_ca_is_refused(system, tmp_path, monkeypatch):
+    # Two releases whose issuer shares one CA: the other release's learner may not push here.
+    ca = certs.load_ca(system.roles["learner"].parent / "ca")
+    other = certs.issue(ca, tmp_path / "other-learner", "learner", release="other-run",
+                        server_name="amprl.test")
+    monkeypatch.setenv("AMPRL_TLS_CERT_DIR", str(other))
+    with ParameterClient(system.ps_address, "learner:other", timeout_s=10) as stranger:
+        why = denied(lambda: stranger.push(0, grads_of(system.ps)))
+        assert "release 'test'" in why and "release 'other-run'" in why
+    assert system.ps.store.version == 0
+
+
+def test_a_renewed_server_certificate_is_used_without_a_restart(system, tmp_path):
+    # Rotate everything to a new CA: the parameter server's mounted files are replaced in
+    # place (as the kubelet does for a renewed Secret); new connections use the new pair.
+    fresh = make_role_dirs(tmp_path / "rotated")
+    old_learner = system.roles["learner"] / "old"
+    old_learner.mkdir()
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (old_learner / name).write_bytes((system.roles["learner"] / name).read_bytes())
+        (system.roles["paramserver"] / name).write_bytes((fresh["paramserver"] / name).read_bytes())
+    system.as_role("learner")  # still the old CA's
+    with ParameterClient(system.ps_address, "learner:old", timeout_s=2) as old:
+        with pytest.raises((errors.Unavailable, errors.DeadlineExceeded)):
+            old.info()
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (system.roles["learner"] / name).write_bytes((fresh["learner"] / name).read_bytes())
+    with ParameterClient(system.ps_address, "learner:new", timeout_s=10) as new:
+        assert new.push(0, grads_of(system.ps)).version == 1
