@@ -10,9 +10,13 @@ environment (a flag wins over its variable):
   --replay ADDR        AMPRL_REPLAY_ADDRESS      replay service host:port; with several
                                                  shards, every shard's, comma-separated
   --paramserver ADDR   AMPRL_PARAMSERVER_ADDRESS parameter server host:port
-  --redis-url URL      AMPRL_REDIS_URL           redis://[:password@]host:port/db
+  --redis-url URL      AMPRL_REDIS_URL           redis://[user:password@]host:port/db
+                                                 (rediss:// for TLS)
+                       AMPRL_REDIS_USERNAME      the ACL user replay connects as
                        AMPRL_REDIS_PASSWORD_FILE file holding the password (a mounted Secret)
                        AMPRL_REDIS_PASSWORD      password, if not in the URL nor in a file
+                       AMPRL_REDIS_TLS_CA_FILE   TLS to Redis, whose certificate must chain
+                                                 to this CA (PEM)
   --id NAME            AMPRL_ID / HOSTNAME       identity (actor id; the pod name on k8s)
   --run-dir DIR        AMPRL_RUN_DIR             run folder (checkpoints, logs, eval history)
   --port-file PATH                               write the bound port here once serving
@@ -33,7 +37,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from amprl.config import ExperimentConfig, load_config
 from amprl.errors import ConfigError
@@ -81,13 +85,28 @@ def redis_password() -> str:
     return os.environ.get("AMPRL_REDIS_PASSWORD", "")
 
 
-def redis_url_with_password(url: str) -> str:
-    """Adds the password (``redis_password``) to a redis:// URL that carries none."""
+def redis_connection_url(url: str) -> str:
+    """``url`` completed from the environment: the ACL user (AMPRL_REDIS_USERNAME) and its
+    password (``redis_password``) where the URL carries no credentials, percent-encoded so
+    "@", ":" or "/" cannot break it (redis-py decodes them); TLS where
+    AMPRL_REDIS_TLS_CA_FILE names a CA: the scheme becomes ``rediss`` and Redis's
+    certificate must chain to that CA and name the host."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return url
+    scheme, netloc, query = parts.scheme, parts.netloc, parts.query
+    username = os.environ.get("AMPRL_REDIS_USERNAME", "")
     password = redis_password()
-    if password and url.startswith("redis://") and "@" not in url:
-        # Percent-encoded: redis-py decodes it, and "@", ":" or "/" cannot break the URL.
-        return "redis://:" + quote(password, safe="") + "@" + url[len("redis://"):]
-    return url
+    if "@" not in netloc and (username or password):
+        netloc = f"{quote(username, safe='')}:{quote(password, safe='')}@{netloc}"
+    ca_file = os.environ.get("AMPRL_REDIS_TLS_CA_FILE", "")
+    if ca_file:
+        if not Path(ca_file).is_file():
+            raise ConfigError(f"AMPRL_REDIS_TLS_CA_FILE={ca_file}: no such file")
+        scheme = "rediss"
+        query = "&".join(q for q in (query, "ssl_cert_reqs=required",
+                                     "ssl_ca_certs=" + quote(ca_file, safe="/")) if q)
+    return urlunsplit((scheme, netloc, parts.path, query, parts.fragment))
 
 
 def replay_addresses(value: str) -> list[str]:

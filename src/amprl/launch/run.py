@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     dump_config(cfg, config_file)
     print(f"amprl run: {cfg.name} ({cfg.algo} on {cfg.env.id}), run folder {run_dir}", flush=True)
 
+    from amprl.common.redis_acl import REPLAY_USER, RedisUser
     from amprl.common.redis_server import EmbeddedRedis
 
     interrupted = {"flag": False}
@@ -215,9 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.replay.redis_url:
             redis_url = cfg.replay.redis_url
         else:
-            # a password of its own, so nothing else on the machine can read or write the
-            # run's replay; replay gets it in its environment, not on its command line
-            redis = EmbeddedRedis(run_dir / "redis", password=secrets.token_urlsafe(24))
+            # Replay connects as an ACL user limited to its table's keys and commands
+            # (amprl.common.redis_acl); the admin password stays in this process. Both are
+            # random, so nothing else on the machine can read or write the run's replay;
+            # replay gets its own in its environment, not on its command line.
+            replay_user = RedisUser(REPLAY_USER, secrets.token_urlsafe(24))
+            redis = EmbeddedRedis(run_dir / "redis", password=secrets.token_urlsafe(24),
+                                  users=[replay_user], appendfsync=cfg.replay.durability)
             redis_url = redis.url
             set_nice(redis.pid, cfg.deploy.nice.redis)
         common = ["--config", str(config_file), "--run-dir", str(run_dir), "--host", "127.0.0.1"]
@@ -232,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             return svc
 
         replay = start("replay", "amprl.replay", ["--redis-url", redis_url],
-                       env={"AMPRL_REDIS_PASSWORD": redis.password} if redis is not None else None)
+                       env={"AMPRL_REDIS_USERNAME": replay_user.name,
+                            "AMPRL_REDIS_PASSWORD": replay_user.password,
+                            "AMPRL_REDIS_PREFIX": replay_user.prefix} if redis is not None else None)
         ps = start("paramserver", "amprl.paramserver")
         wait_for_port(replay)
         wait_for_port(ps)

@@ -1,11 +1,13 @@
 """The replay service process: ``python -m amprl.replay`` / ``amprl replay``.
 
 Builds the EnvSpec from the config's env, opens the table in Redis (``--redis-url``, or an
-embedded redis-server in ``<run-dir>/redis`` when none is given), serves until SIGTERM.
+embedded redis-server in ``<run-dir>/redis`` when none is given, with random passwords and
+the replay ACL user of ``amprl.common.redis_acl``), serves until SIGTERM.
 
-Besides the base flags (``amprl.common.cli``; the Redis password may come from the file
-named by AMPRL_REDIS_PASSWORD_FILE):
+Besides the base flags (``amprl.common.cli``; the Redis user, password and TLS come from
+AMPRL_REDIS_USERNAME, AMPRL_REDIS_PASSWORD_FILE and AMPRL_REDIS_TLS_CA_FILE):
 
+  --prefix P          AMPRL_REDIS_PREFIX    the table's key prefix (amprl:replay:default)
   --live-window-s S   AMPRL_LIVE_WINDOW_S   Info's actors_live window (default 60)
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import numpy as np
 
 from amprl.common import cli
 from amprl.common.bootstrap import ServiceProcess
+from amprl.common.redis_acl import REPLAY_PREFIX, REPLAY_USER, RedisUser
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.envs.factory import env_spec
 from amprl.envs.spec import EnvSpec
@@ -45,8 +49,9 @@ def spec_from_json(text: str) -> EnvSpec:
 def main(argv: list[str] | None = None) -> int:
     proc = ServiceProcess("replay", "Prioritized replay service (gRPC) backed by Redis.")
     parser = proc.parser
-    parser.add_argument("--prefix", default="amprl:replay:default",
-                        help="Redis key prefix of the table (one per shard sharing a Redis)")
+    parser.add_argument("--prefix", default=os.environ.get("AMPRL_REDIS_PREFIX") or REPLAY_PREFIX,
+                        help="Redis key prefix of the table (one per shard sharing a Redis); "
+                             "the replay ACL user may touch only '<prefix>:*'")
     parser.add_argument("--seed", type=int, default=None, help="sampling RNG seed")
     parser.add_argument("--spec-json", default="",
                         help="EnvSpec fields as JSON (frame_shape, frame_dtype, frame_stack, "
@@ -61,12 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--live-window-s {args.live_window_s}: must be > 0")
     spec = spec_from_json(args.spec_json) if args.spec_json else env_spec(cfg.env)
     port = args.port or cfg.replay.port
-    redis_url = cli.redis_url_with_password(args.redis_url or cfg.replay.redis_url)
+    redis_url = cli.redis_connection_url(args.redis_url or cfg.replay.redis_url)
     embedded = None
     if not redis_url:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="amprl-replay-"))
-        embedded = EmbeddedRedis(run_dir / "redis")
-        redis_url = embedded.url
+        user = RedisUser(REPLAY_USER, secrets.token_urlsafe(24), args.prefix)
+        embedded = EmbeddedRedis(run_dir / "redis", users=[user],
+                                 appendfsync=cfg.replay.durability)
+        redis_url = embedded.user_url()
     try:
         replay = create_server(cfg, spec, redis_url, args.host, port, seed=args.seed,
                                prefix=args.prefix, live_window_s=args.live_window_s)

@@ -35,6 +35,7 @@ from grpc_health.v1.health import aio as health_aio
 from amprl import errors
 from amprl.common import grpcutil
 from amprl.common.aioserver import AioServer
+from amprl.common.redis_acl import REPLAY_PREFIX
 from amprl.config import ExperimentConfig, ReplayConfig
 from amprl.envs.spec import EnvSpec
 from amprl.replay.actors import LIVE_WINDOW_S, ActorRegistry
@@ -211,7 +212,7 @@ class ReplayServer(NamedTuple):
 def create_server(cfg: ExperimentConfig, spec: EnvSpec, redis_url: str, host: str = "0.0.0.0",
                   port: int = 0, *,
                   max_message_bytes: int = grpcutil.DEFAULT_MAX_MESSAGE_BYTES,
-                  prefix: str = "amprl:replay:default",
+                  prefix: str = REPLAY_PREFIX,
                   seed: int | None = None,
                   live_window_s: float = LIVE_WINDOW_S) -> ReplayServer:
     """Opens (or rebuilds) the table in Redis at ``redis_url`` and starts serving it.

@@ -1,6 +1,9 @@
 """The Redis layout of a replay table, and the only module that talks to Redis.
 
-Every key starts with a prefix (``amprl:replay:<table>``, written ``{p}`` below):
+Every key starts with the table's prefix and a colon (``{p}:`` below; the prefix is
+``amprl:replay:default`` unless configured), so the replay ACL user may touch exactly
+``{p}:*`` and send exactly the commands this module sends
+(``amprl.common.redis_acl.REPLAY_COMMANDS``):
 
     {p}:layout        string  JSON of what the data was written with (frame shape and dtype,
                               stack, actions, capacity, compression); checked when the table
@@ -37,7 +40,9 @@ from typing import Iterable, Sequence, cast
 
 import numpy as np
 import redis
+from redis.maint_notifications import MaintNotificationsConfig
 
+from amprl.common.redis_acl import REPLAY_PREFIX, check_prefix
 from amprl.errors import ConfigError, FailedPrecondition, ResourceExhausted, Unavailable
 
 COUNTERS = ("next_key", "oldest_key", "next_chunk", "oldest_chunk", "next_frame",
@@ -132,9 +137,9 @@ class RedisFull(ResourceExhausted):
 class ReplayStorage:
     """Reads and writes one table's keys; every write is a single MULTI/EXEC."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "amprl:replay:default"):
+    def __init__(self, client: redis.Redis, prefix: str = REPLAY_PREFIX):
         self.redis = client
-        self.prefix = prefix
+        self.prefix = check_prefix(prefix)
         self._counters = f"{prefix}:counters"
         self._priorities = f"{prefix}:priorities"
         self._layout = f"{prefix}:layout"
@@ -142,9 +147,15 @@ class ReplayStorage:
         self._set_priorities = client.register_script(_SET_PRIORITIES)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "amprl:replay:default") -> "ReplayStorage":
-        return cls(redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10,
-                                        health_check_interval=30), prefix)
+    def from_url(cls, url: str, prefix: str = REPLAY_PREFIX) -> "ReplayStorage":
+        """A client of ``url`` (``redis://`` or ``rediss://`` with ``ssl_ca_certs=`` for TLS;
+        ``cli.redis_connection_url`` builds it). On connect it sends only AUTH/HELLO: no
+        CLIENT SETINFO, no CLIENT MAINT_NOTIFICATIONS (a managed-cluster feature), which
+        are not the ACL user's and would only fill Redis's ACL LOG with refusals."""
+        return cls(redis.Redis.from_url(
+            url, socket_timeout=30, socket_connect_timeout=10, health_check_interval=30,
+            driver_info=None, maint_notifications_config=MaintNotificationsConfig(enabled=False)),
+            prefix)
 
     def chunk_key(self, chunk_id: int) -> str:
         return f"{self.prefix}:chunk:{chunk_id}"
@@ -299,11 +310,26 @@ class ReplayStorage:
                          f"{used} used)")
 
     def ensure_durability(self, appendfsync: str) -> None:
-        """Makes Redis keep an AOF fsynced ``appendfsync`` ("everysec" or "always");
-        ConfigError naming the setting when Redis refuses CONFIG (set it in its own
-        configuration then)."""
+        """Makes sure Redis keeps an AOF fsynced ``appendfsync`` ("everysec" or "always").
+
+        Connected as the ``default`` user, replay sets it. A named ACL user (replay's own,
+        ``amprl.common.redis_acl``) may not send CONFIG, whose GET would show the admin
+        password, and replay does not try: Redis's own configuration sets the policy
+        (``amprl run`` and the chart write it from replay.durability) and replay checks
+        what INFO shows, that the AOF is on; so it does where CONFIG is refused or
+        renamed. ConfigError naming the setting when the AOF is off, or when Redis
+        refuses to be configured."""
+        if self.redis.connection_pool.connection_kwargs.get("username") not in (None, "", "default"):
+            self._check_aof_on(appendfsync)
+            return
         try:
             current = self.redis.config_get("append*")
+        except redis.ResponseError:  # NOPERM, or an unknown (renamed) command
+            self._check_aof_on(appendfsync)
+            return
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+        try:
             if current.get("appendonly") != "yes":
                 self.redis.config_set("appendonly", "yes")
             if current.get("appendfsync") != appendfsync:
@@ -315,6 +341,16 @@ class ReplayStorage:
                               f"configuration") from None
         except redis.RedisError as exc:
             raise _unavailable(exc) from exc
+
+    def _check_aof_on(self, appendfsync: str) -> None:
+        try:
+            aof = int(self.redis.info("persistence").get("aof_enabled", 0))
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+        if not aof:
+            raise ConfigError(f"replay.durability: {appendfsync} needs Redis with 'appendonly "
+                              f"yes' and 'appendfsync {appendfsync}' in its own configuration "
+                              f"(replay's ACL user may not send CONFIG), and its AOF is off")
 
     def max_memory(self) -> int:
         """Redis's maxmemory in bytes; 0 when it has none."""

@@ -254,7 +254,7 @@ def test_an_admitted_insert_whose_actor_goes_away_is_stored_and_counted_by_the_l
         replay, embedded_redis):
     spec = vector_spec()
     r = replay(spec, capacity=1000, samples_per_insert=0.0)
-    admin = redis_lib.Redis.from_url(embedded_redis.url)
+    admin = redis_lib.Redis.from_url(embedded_redis.admin_url)
     try:
         # Redis holds writes for 1 s: the insert is admitted and its worker waits in Redis
         # while the actor cancels its call.

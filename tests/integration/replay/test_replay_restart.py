@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from amprl import errors
 from amprl.common.channels import wait_until_serving
+from amprl.common.redis_acl import REPLAY_USER, RedisUser
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import ReplayConfig
 from amprl.envs.spec import EnvSpec
@@ -68,7 +69,7 @@ def priority_of(rewards):
 
 @pytest.mark.timeout(120)
 def test_sigkill_mid_insert_loses_nothing_acknowledged(tmp_path, embedded_redis):
-    first = ReplayProcess(tmp_path, embedded_redis.url, "first")
+    first = ReplayProcess(tmp_path, embedded_redis.user_url(), "first")
     acked: list[int] = []  # chunk tags whose Insert call returned
     stop = threading.Event()
     errors_seen = []
@@ -99,7 +100,7 @@ def test_sigkill_mid_insert_loses_nothing_acknowledged(tmp_path, embedded_redis)
         assert not th.is_alive()
         assert errors_seen and isinstance(errors_seen[0], errors.Unavailable)
 
-        second = ReplayProcess(tmp_path, embedded_redis.url, "second")
+        second = ReplayProcess(tmp_path, embedded_redis.user_url(), "second")
         with ReplayClient(second.address) as client:
             info = client.info()
             assert info.size >= len(acked) * T
@@ -110,7 +111,7 @@ def test_sigkill_mid_insert_loses_nothing_acknowledged(tmp_path, embedded_redis)
 
         # Inspect what the restarted service rebuilt, key by key, straight from Redis.
         cfg = ReplayConfig(capacity=CAPACITY, min_size_to_sample=1)
-        storage = ReplayStorage.from_url(embedded_redis.url)
+        storage = ReplayStorage.from_url(embedded_redis.user_url())
         table = ReplayTable(storage, SPEC, cfg)
         assert table.oldest_key == 0  # so a row of `stored` is its key
         stored = table.get(np.arange(table.oldest_key, table.next_key))
@@ -180,18 +181,29 @@ def test_entry_point_starts_embedded_redis_and_stops_on_sigterm(tmp_path):
                 pass
 
 
+def acl_node(data, port: int = 0, like: EmbeddedRedis | None = None, **kw) -> EmbeddedRedis:
+    """A Redis with the replay ACL user (the same passwords as ``like`` on a restart)."""
+    if like is not None:
+        return EmbeddedRedis(data, port=port, password=like.password, users=like.users, **kw)
+    return EmbeddedRedis(data, users=[RedisUser(REPLAY_USER, "replay-pw", "amprl:replay")], **kw)
+
+
+@pytest.mark.parametrize("user", ["replay ACL user", "admin"])
 def test_redis_back_without_its_last_writes_under_a_running_replay_is_reconciled_not_a_crash_loop(
-        tmp_path, replay):
+        tmp_path, replay, user):
     # A node crash under AOF everysec: Redis comes back without its last writes while the
     # replay service keeps running. Made exact here: fsync every write (durability always),
     # remember where the AOF ended after batch A, add batch B, SIGKILL Redis, cut the AOF
-    # back, restart it.
+    # back, restart it. As the ACL user replay cannot configure Redis: its own
+    # configuration says "always", as amprl run writes it; as admin, replay sets it.
     spec = vector_spec()
     data = tmp_path / "node"
-    node = EmbeddedRedis(data)
+    acl = user == "replay ACL user"
+    node = acl_node(data, appendfsync="always") if acl else EmbeddedRedis(data)
+    url = node.user_url() if acl else node.admin_url
     restarted = None
     try:
-        r = replay(spec, capacity=10_000, redis_url=node.url, durability="always")
+        r = replay(spec, capacity=10_000, redis_url=url, durability="always")
         batch = lambda base, n: [(make_chunk(spec, 10, seed=base + i, reward_base=base + i),  # noqa: E731
                                   np.ones(10, np.float32), 10) for i in range(n)]
         r.client.insert("a", batch(0, 3))                       # A: 30 transitions
@@ -201,7 +213,8 @@ def test_redis_back_without_its_last_writes_under_a_running_replay_is_reconciled
         node.kill()
         with open(aof, "r+b") as f:
             f.truncate(kept)
-        restarted = EmbeddedRedis(data, port=node.port)
+        restarted = (acl_node(data, node.port, like=node, appendfsync="always") if acl
+                     else EmbeddedRedis(data, port=node.port))
         deadline = time.monotonic() + 20
         while True:  # the service reconnects; the first calls may find Redis down
             try:
@@ -215,15 +228,17 @@ def test_redis_back_without_its_last_writes_under_a_running_replay_is_reconciled
             time.sleep(0.1)
         info = r.client.info()
         assert (info.size, info.missing_transitions) == (70, 20)
-        # the restarted Redis came back with its own configuration (everysec): replay set
-        # its durability again
-        assert redis.Redis.from_url(node.url).config_get("appendfsync")["appendfsync"] == "always"
+        # the restarted Redis came back with its own configuration (everysec without the
+        # ACL): replay set its durability again
+        admin = redis.Redis.from_url(node.admin_url)
+        assert admin.config_get("appendfsync")["appendfsync"] == "always"
+        admin.close()
         for _ in range(20):
             rewards = set(r.client.sample(32, 0.4).rewards.tolist())
             assert not rewards & {100.0, 101.0}, "a lost transition was sampled"
 
         # A restarted replay opens on that Redis: what is there, with what is missing counted.
-        again = replay(spec, capacity=10_000, redis_url=node.url, prefix=r.prefix)
+        again = replay(spec, capacity=10_000, redis_url=url, prefix=r.prefix)
         info = again.client.info()
         assert (info.size, info.missing_transitions, info.inserted_total) == (70, 20, 90)
         assert again.client.sample(64, 0.4).obs.shape == (64, 4)
@@ -236,10 +251,10 @@ def test_redis_back_without_its_last_writes_under_a_running_replay_is_reconciled
 def test_health_is_not_serving_while_redis_is_down_and_serving_once_it_is_back(tmp_path, replay):
     spec = vector_spec()
     data = tmp_path / "node"
-    node = EmbeddedRedis(data)
+    node = acl_node(data)
     restarted = None
     try:
-        r = replay(spec, capacity=1000, redis_url=node.url)
+        r = replay(spec, capacity=1000, redis_url=node.user_url())
         with grpc.insecure_channel(r.address) as ch:
             health = health_pb2_grpc.HealthStub(ch)
 
@@ -259,7 +274,7 @@ def test_health_is_not_serving_while_redis_is_down_and_serving_once_it_is_back(t
             # SERVING: a replay without Redis is taken out of its Service, not restarted.
             assert r.client.info(timeout=2).capacity == 1000
             assert status("liveness") == health_pb2.HealthCheckResponse.SERVING
-            restarted = EmbeddedRedis(data, port=node.port)
+            restarted = acl_node(data, node.port, like=node)
             wait_for(health_pb2.HealthCheckResponse.SERVING, "SERVING with Redis back")
             chunk = make_chunk(spec, 5)
             assert r.client.insert("a", [(chunk, np.ones(5, np.float32), 5)]).transitions_stored == 5

@@ -209,12 +209,14 @@ def test_a_resent_call_is_stored_once_also_after_a_replay_restart(replay):
 
 
 @pytest.mark.parametrize("durability", ["always", "everysec"])
-def test_replay_sets_redis_fsync_to_its_durability(replay, embedded_redis, durability):
+def test_replay_with_every_right_sets_redis_fsync_to_its_durability(replay, embedded_redis,
+                                                                    durability):
     import redis as redis_lib
-    admin = redis_lib.Redis.from_url(embedded_redis.url)
+    admin = redis_lib.Redis.from_url(embedded_redis.admin_url)
     try:
         admin.config_set("appendfsync", "no")
-        replay(vector_spec(), capacity=100, durability=durability)
+        replay(vector_spec(), capacity=100, durability=durability,
+               redis_url=embedded_redis.admin_url)
         assert admin.config_get("appendfsync")["appendfsync"] == durability
         assert admin.config_get("appendonly")["appendonly"] == "yes"
     finally:

@@ -8,7 +8,7 @@ from amprl.replay.storage import ReplayStorage
 
 
 def test_scattered_priority_writes_land_in_their_slots_and_nowhere_else(embedded_redis):
-    storage = ReplayStorage.from_url(embedded_redis.url, prefix="amprl:replay:t")
+    storage = ReplayStorage.from_url(embedded_redis.user_url(), prefix="amprl:replay:t")
     try:
         capacity = 5000
         base = np.linspace(0.5, 2.0, capacity, dtype=np.float32)
@@ -39,7 +39,7 @@ def test_a_transaction_discarded_for_oom_is_redis_full_not_unavailable(embedded_
     from amprl.errors import Unavailable
     from amprl.replay.storage import RedisFull
 
-    storage = ReplayStorage.from_url(embedded_redis.url)
+    storage = ReplayStorage.from_url(embedded_redis.user_url())
     oom = "Transaction discarded because of: OOM command not allowed when used memory > 'maxmemory'."
     assert isinstance(storage._write_error(redis.exceptions.ExecAbortError(oom)), RedisFull)
     assert isinstance(storage._write_error(redis.exceptions.OutOfMemoryError("OOM ...")), RedisFull)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from amprl.common.redis_acl import REPLAY_USER, RedisUser
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.launch import procs
 from amprl.launch.procs import Service, read_port, stop_together, wait_for_port
@@ -219,12 +220,17 @@ def running_system(root: Path, config_text: str):
     logs.mkdir()
     config = root / "experiment.yaml"
     config.write_text(config_text)
-    redis = EmbeddedRedis(root / "redis")
+    # Replay connects as its ACL user with the password in a file, as in the chart's pods.
+    user = RedisUser(REPLAY_USER, "system-replay-pw")
+    (root / "redis-password").write_text(user.password + "\n")
+    redis = EmbeddedRedis(root / "redis", users=[user])
     services: dict[str, Service] = {}
     sys_ = None
     try:
         base = dict(AMPRL_CONFIG=str(config), AMPRL_HOST="127.0.0.1", AMPRL_LIVE_WINDOW_S=str(LIVE_WINDOW_S))
-        services["replay"] = spawn("replay", "replay", clean_env(**base, AMPRL_REDIS_URL=redis.url),
+        services["replay"] = spawn("replay", "replay", clean_env(
+                                       **base, AMPRL_REDIS_URL=redis.url, AMPRL_REDIS_USERNAME=user.name,
+                                       AMPRL_REDIS_PASSWORD_FILE=str(root / "redis-password")),
                                    logs, port_file=logs / "replay.port")
         services["paramserver"] = spawn(
             "paramserver", "paramserver", clean_env(**base, AMPRL_PULL_PORT="0"), logs,
