@@ -1,6 +1,7 @@
 """Multi-host: every service in its own network namespace (its own IP, no shared
-loopback), addresses passed in the environment as the chart does, mutual TLS on as with
-``tls.enabled`` (each host holding only its own role's certificate), Redis behind a password read from a file (the mounted Secret), and two
+loopback), addresses passed in the environment as the chart does, mutual TLS with the
+settings the chart renders for ``tls.enabled`` (each host holding only the certificate of
+the Secret its pod mounts), Redis behind a password read from a file (the mounted Secret), and two
 replay shards (``replay.shards: 2``: a comma-separated AMPRL_REPLAY_ADDRESS, one Redis per
 shard). Training must progress, which proves no service depends on localhost."""
 
@@ -9,8 +10,10 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import yaml
 
 from amprl.common.redis_server import redis_server_binary
 from amprl.replay.client import shard_for
@@ -60,6 +63,35 @@ PROBE = textwrap.dedent("""
     print(json.dumps(seen))
 """)
 
+def rendered_tls(release: str = "myrun") -> dict[str, dict]:
+    """What the chart renders with ``tls.enabled`` for each workload: its TLS variables and
+    the Secret mounted at AMPRL_TLS_CERT_DIR, by component."""
+    import helm_python
+
+    chart = helm_python.Chart.load(Path(__file__).resolve().parents[3] / "charts" / "amprl")
+    out = chart.render(values={"tls": {"enabled": True}}, name=release, namespace="rl",
+                       is_install=True)
+    found = {}
+    for path, text in out.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if not doc or doc.get("kind") not in ("Deployment", "StatefulSet"):
+                continue
+            pod = doc["spec"]["template"]["spec"]
+            container = pod["containers"][0]
+            env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+            if "AMPRL_TLS_CERT_DIR" not in env:
+                continue  # Redis
+            mount = next(m["name"] for m in container["volumeMounts"]
+                         if m["mountPath"] == env["AMPRL_TLS_CERT_DIR"])
+            volume = next(v for v in pod["volumes"] if v["name"] == mount)
+            component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+            found[component] = {"server_name": env["AMPRL_TLS_SERVER_NAME"],
+                                "secret": volume["secret"]["secretName"]}
+    return found
+
+
 # Runs in an actor's namespace with that actor's certificate: what it may not do.
 INTRUDER = textwrap.dedent("""
     import json, os, grpc, torch
@@ -89,7 +121,15 @@ INTRUDER = textwrap.dedent("""
 def test_training_progresses_with_every_service_on_its_own_host(netns_topology, tmp_path):
     topo = netns_topology(["redis", "replay-0", "replay-1", "ps", "learner", "actor-0", "actor-1",
                            "evaluator"])
-    certs = make_role_dirs(tmp_path / "tls")  # one folder per role, as the chart's Secrets
+    # TLS as the chart renders it: each component's Secret (<release>-amprl-tls-<role>)
+    # becomes a folder of the certificates `amprl certs` makes for that role
+    tls = rendered_tls()
+    server_name = tls["replay"]["server_name"]
+    role_dirs = make_role_dirs(tmp_path / "tls", server_name=server_name, release="myrun")
+    certs = {component: role_dirs[t["secret"].rsplit("-tls-", 1)[1]] for component, t in tls.items()}
+    assert {c: d.name for c, d in certs.items()} == {
+        "replay": "replay", "paramserver": "paramserver", "learner": "learner", "actor": "actor",
+        "evaluator": "evaluator"}, certs
     (tmp_path / "redis-password").write_text("s3cret:/@pw\n")  # URL-hostile on purpose
     config = tmp_path / "experiment.yaml"
     config.write_text(TINY_CONFIG)
@@ -100,9 +140,10 @@ def test_training_progresses_with_every_service_on_its_own_host(netns_topology, 
     ps_pull = f"{addr['ps']}:{PORTS['ps_pull']}"
 
     def env(host: str, port: int, **extra: str) -> dict[str, str]:
-        role = {"ps": "paramserver"}.get(host.split("-")[0], host.split("-")[0])
+        component = {"ps": "paramserver"}.get(host.split("-")[0], host.split("-")[0])
         return {"AMPRL_CONFIG": str(config), "AMPRL_HOST": addr[host], "AMPRL_PORT": str(port),
-                "AMPRL_TLS_CERT_DIR": str(certs[role]), "AMPRL_TLS_SERVER_NAME": "amprl.test",
+                "AMPRL_TLS_CERT_DIR": str(certs[component]),
+                "AMPRL_TLS_SERVER_NAME": tls[component]["server_name"],
                 "AMPRL_ID": host, "AMPRL_LIVE_WINDOW_S": "5", "PYTHONUNBUFFERED": "1", **extra}
 
     py = sys.executable
@@ -129,7 +170,7 @@ def test_training_progresses_with_every_service_on_its_own_host(netns_topology, 
         AMPRL_RUN_DIR=str(tmp_path / "eval")))
 
     # Asked from the evaluator's namespace, over TLS, like any other pod of the release.
-    probe_env = {"AMPRL_TLS_CERT_DIR": str(certs["operator"]), "AMPRL_TLS_SERVER_NAME": "amprl.test",
+    probe_env = {"AMPRL_TLS_CERT_DIR": str(role_dirs["operator"]), "AMPRL_TLS_SERVER_NAME": server_name,
                  "PROBE_REPLAY": replay_address, "PROBE_PS": ps_pull,
                  "PROBE_EVAL": f"{addr['evaluator']}:{PORTS['evaluator']}", "PROBE_TIMEOUT_S": "100"}
     out = topo["evaluator"].run([py, "-c", PROBE], env=probe_env, timeout=150)
@@ -151,7 +192,7 @@ def test_training_progresses_with_every_service_on_its_own_host(netns_topology, 
     # An actor's certificate gets the weights but cannot write them, even on the push
     # port that the learner uses; a client without a certificate never connects.
     intruder = topo["actor-0"].run([py, "-c", INTRUDER], env={
-        "AMPRL_TLS_CERT_DIR": str(certs["actor"]), "AMPRL_TLS_SERVER_NAME": "amprl.test",
+        "AMPRL_TLS_CERT_DIR": str(certs["actor"]), "AMPRL_TLS_SERVER_NAME": server_name,
         "PROBE_PS": ps_push}, timeout=60)
     tried = json.loads(intruder.stdout.strip().splitlines()[-1])
     assert tried["push"] == "PERMISSION_DENIED" and "learner role" in tried["push_details"], tried
