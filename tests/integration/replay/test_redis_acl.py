@@ -14,6 +14,7 @@ from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import ExperimentConfig
 from amprl.errors import ConfigError
 from amprl.replay.service import create_server
+from amprl.replay.storage import ReplayStorage
 from amprl_testing.replay import make_chunk, vector_spec
 
 PREFIX = "amprl:replay:acl"
@@ -43,7 +44,9 @@ def node(tmp_path):
 def test_the_replay_user_is_refused_every_other_command(node, command):
     server, _ = node
     client = redis.Redis.from_url(server.user_url())
-    with pytest.raises(redis.exceptions.NoPermissionError):
+    # Redis 7 refuses DEBUG to everyone before the ACL is asked (enable-debug-command no)
+    refusal = redis.exceptions.ResponseError if command[0] == "DEBUG" else redis.exceptions.NoPermissionError
+    with pytest.raises(refusal, match="no permissions|DEBUG command not allowed"):
         client.execute_command(*command)
     client.close()
 
@@ -137,3 +140,30 @@ def test_the_embedded_redis_writes_the_fsync_policy_it_is_given(tmp_path):
         admin = redis.Redis.from_url(server.admin_url)
         assert admin.config_get("appendfsync") == {"appendfsync": "always"}
         admin.close()
+
+
+def test_every_storage_call_passes_the_acl(node):
+    """Each ReplayStorage method once as the replay user, the rare ones included
+    (forgetting a sender, deleting evicted chunks)."""
+    server, admin = node
+    storage = ReplayStorage.from_url(server.user_url(), f"{PREFIX}:s")
+    try:
+        storage.ensure_durability("everysec")
+        storage.write_layout({"v": 1})
+        assert storage.load_layout() == {"v": 1}
+        for cid in range(3):
+            storage.write_chunk(b"meta", cid, b"frames", [(cid, np.ones(2, np.float32))],
+                                {"next_chunk": cid + 1}, delete_chunks=[cid - 1] if cid else [],
+                                senders={f"actor-{cid}": f"1:{cid}"},
+                                forget_senders=[f"actor-{cid - 1}"] if cid else [])
+        storage.write_priorities(np.array([0, 3]), np.array([5.0, 6.0], np.float32), {"x": 1})
+        assert storage.load_senders() == {"actor-2": (1, 2)}
+        assert storage.chunks_exist([0, 1, 2]) == [False, False, True]
+        assert storage._hget_many([2], "frames") == [b"frames"]
+        assert storage.load_counters()["next_chunk"] == 3
+        assert storage.load_priorities(4).tolist() == [5.0, 1.0, 1.0, 6.0]
+        assert storage.server_id() and storage.used_memory() > 0 and storage.max_memory() == 0
+        assert storage.redis.ping()  # the health check of an idle connection
+    finally:
+        storage.close()
+    assert admin.acl_log() == []
