@@ -37,6 +37,11 @@ VALUE_SETS: dict[str, dict] = {
         "paramserver": {"followers": {"replicas": 2}},
     },
     "actors-64": {"actor": {"replicas": 64}},
+    # Redis over TLS, the replay user and its key prefix renamed, fsync on every write.
+    "redis-tls": {
+        "redis": {"tls": {"enabled": True}, "auth": {"username": "replay-0"}, "keyPrefix": "rl:shard"},
+        "experiment": {"replay": {"durability": "always"}},
+    },
     "paramserver-followers": {"paramserver": {"followers": {"replicas": 3}}},
     # The production setting: digests pinned, mutual TLS from cert-manager, an existing
     # Redis secret, GPU learner, pull-only followers serving the fleet.

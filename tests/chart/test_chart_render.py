@@ -72,6 +72,10 @@ def test_schema_accepts_the_value_sets(chart, value_set):
     ({"containerSecurityContext": {"allowPrivilegeEscalation": True}}, "/containerSecurityContext/allowPrivilegeEscalation"),
     ({"containerSecurityContext": {"capabilities": {"drop": ["NET_RAW"]}}}, "/containerSecurityContext/capabilities/drop"),
     ({"redis": {"appendfsync": "sometimes"}}, "/redis/appendfsync"),
+    ({"redis": {"appendfsync": "no"}}, "/redis/appendfsync"),  # below any replay.durability
+    ({"redis": {"keyPrefix": "amprl:*"}}, "/redis/keyPrefix"),  # would widen the ACL
+    ({"redis": {"auth": {"username": "default"}}}, "/redis/auth/username"),  # the admin
+    ({"redis": {"tls": {"enabled": "yes"}}}, "/redis/tls/enabled"),
     ({"actor": {"pdb": {"maxUnavailable": "half"}}}, "/actor/pdb/maxUnavailable"),
     ({"networkPolicy": {"dns": []}}, "/networkPolicy/dns"),
     ({"logLevel": "LOUD"}, "/logLevel"),
@@ -254,13 +258,16 @@ def test_redis_is_durable_never_evicts_and_survives_aof_loading(rendered):
     assert re.search(r"^maxmemory-policy noeviction$", conf, re.M)
     sts = objs[("StatefulSet", f"{RELEASE}-amprl-redis")]
     c = sts["spec"]["template"]["spec"]["containers"][0]
-    assert "--requirepass" in c["command"][-1] and "/etc/redis/auth/password" in c["command"][-1]
+    # the users file (aclfile) is written from the Secret's passwords at start
+    assert re.search(r"^aclfile /tmp/users.acl$", conf, re.M)
+    assert "> /tmp/users.acl" in c["command"][-1] and "/etc/redis/auth/password" in c["command"][-1]
     assert "LOADING" in c["livenessProbe"]["exec"]["command"][-1]
     assert "LOADING" in c["startupProbe"]["exec"]["command"][-1]
     assert "LOADING" not in c["readinessProbe"]["exec"]["command"][-1]
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     secret = objs[("Secret", f"{RELEASE}-amprl-redis")]
     assert len(secret["data"]["redis-password"]) >= 32
+    assert len(secret["data"]["redis-admin-password"]) >= 32
     # An existing Secret is used as is, and none is created.
     pinned = _by_kind_name(rendered["pinned"][0])
     assert ("Secret", f"{RELEASE}-amprl-redis") not in pinned

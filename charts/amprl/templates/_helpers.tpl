@@ -131,6 +131,19 @@ redis-password
 {{- end -}}
 {{- end -}}
 
+{{- define "amprl.redisAdminSecretKey" -}}
+{{- if .Values.redis.auth.existingSecret -}}
+{{- .Values.redis.auth.existingSecretAdminKey -}}
+{{- else -}}
+redis-admin-password
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret with Redis's TLS key pair and the CA replay trusts (redis.tls). */}}
+{{- define "amprl.redisTlsSecretName" -}}
+{{- default (printf "%s-tls" (include "amprl.componentName" (dict "ctx" . "component" "redis"))) .Values.redis.tls.secretName -}}
+{{- end -}}
+
 {{- define "amprl.tlsServerName" -}}
 {{- default (include "amprl.fullname" .) .Values.tls.serverName -}}
 {{- end -}}
