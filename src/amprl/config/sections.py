@@ -87,7 +87,8 @@ class ReplayConfig:
     samples_per_insert_error_buffer: float = 0.0
     """Allowed deviation from the ratio, in samples; 0 = max(1, min_size * ratio)."""
     redis_url: str = ""
-    """External Redis ("redis://:password@host:6379/0"); empty = the launcher's embedded one."""
+    """External Redis ("redis://user:password@host:6379/0", rediss:// for TLS); empty = the
+    launcher's embedded one."""
     cache_max_bytes: Annotated[int, Bound(ge=0)] = 2 * 1024**3
     """Bound on the in-memory copy of stored frames kept in front of Redis."""
     compression: Literal["auto", "none", "lz4"] = "auto"
@@ -100,7 +101,9 @@ class ReplayConfig:
     acknowledged (the kernel holds the file) and a machine crash up to the last second of
     inserts (counted as missing when replay reopens). ``always``: Redis fsyncs each write
     before it replies, so not even a machine crash loses an acknowledged insert, at the
-    cost of an fsync per insert. Replay sets Redis's ``appendfsync`` to match."""
+    cost of an fsync per insert. Redis's ``appendfsync`` matches it: ``amprl run`` and the
+    chart write it into Redis's own configuration (replay's ACL user may not send CONFIG);
+    replay connected with every right sets it itself."""
     max_insert_streams: Annotated[int, Bound(ge=1)] = 1024
     """Insert streams one replay shard serves at once (one per actor sending, each a few
     KiB of memory and no thread); a stream beyond it is refused with RESOURCE_EXHAUSTED and
