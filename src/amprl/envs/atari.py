@@ -28,6 +28,9 @@ import numpy as np
 if TYPE_CHECKING:
     from ale_py.env import AtariEnv
 
+NTSC_HZ = 60
+"""Frames per second of the Atari 2600 (NTSC), which the emulator steps one at a time."""
+
 
 def area_weights(src: int, dst: int) -> np.ndarray:
     """[dst, src] float32: row i averages the source pixels covered by output pixel i,
@@ -107,6 +110,9 @@ class AtariPreprocessing(gym.Wrapper):
         self._lives = 0
         self._game_over = True
         self._rng = np.random.default_rng()
+        # one rendered frame per agent step: at the console's 60 Hz (NTSC; ale-py declares
+        # 30) a video of them plays at the game's own speed
+        self.metadata = {**env.metadata, "render_fps": NTSC_HZ / frame_skip}
 
     def _frame(self) -> np.ndarray:
         s = self._screens
@@ -170,10 +176,13 @@ class AtariPreprocessing(gym.Wrapper):
 
 def make_atari(env_id: str, *, noop_max: int = 30, frame_skip: int = 4, screen_size: int = 84,
                terminal_on_life_loss: bool = False, clip_rewards: bool = False,
-               sticky_action_prob: float = 0.25, max_episode_steps: int = 0) -> gym.Env:
+               sticky_action_prob: float = 0.25, max_episode_steps: int = 0,
+               render_mode: str | None = None) -> gym.Env:
     """An ALE v5 game (``"ALE/Pong-v5"``) with the DQN preprocessing; see the module doc.
 
     ``max_episode_steps`` counts agent steps (0 = the v5 limit of 108,000 frames, 30 min).
+    ``render_mode`` "rgb_array" renders the emulator's colour screen (210x160), not the
+    84x84 grayscale observation; "human" shows it in a window.
     """
     import ale_py
 
@@ -181,7 +190,8 @@ def make_atari(env_id: str, *, noop_max: int = 30, frame_skip: int = 4, screen_s
     max_frames = max_episode_steps * frame_skip if max_episode_steps else 108_000
     env = gym.make(env_id, frameskip=1, repeat_action_probability=sticky_action_prob,
                    obs_type="grayscale", full_action_space=False,
-                   max_num_frames_per_episode=max_frames, disable_env_checker=True)
+                   max_num_frames_per_episode=max_frames, disable_env_checker=True,
+                   render_mode=render_mode)
     return AtariPreprocessing(env, noop_max=noop_max, frame_skip=frame_skip,
                               screen_size=screen_size,
                               terminal_on_life_loss=terminal_on_life_loss,

@@ -78,9 +78,12 @@ def check_env_id(cfg: EnvConfig) -> None:
                               f"({exc}; {hint})") from None
 
 
-def make_env(cfg: EnvConfig, seed: int | None = None, *, training: bool = True) -> gym.Env:
+def make_env(cfg: EnvConfig, seed: int | None = None, *, training: bool = True,
+             render_mode: str | None = None) -> gym.Env:
     """Builds one (unstacked) environment; ``training`` toggles training-only wrappers
-    (Atari: life-loss terminals and reward clipping, per ``cfg.atari_*``)."""
+    (Atari: life-loss terminals and reward clipping, per ``cfg.atari_*``). ``render_mode`` is
+    gymnasium's: None (the services), "rgb_array" (``env.render()`` returns the raw frame,
+    whatever the preprocessing feeds the network) or "human" (a window)."""
     check_env_id(cfg)
     if suite(cfg.id) == "atari":
         from amprl.envs.atari import make_atari
@@ -89,9 +92,11 @@ def make_env(cfg: EnvConfig, seed: int | None = None, *, training: bool = True) 
                          terminal_on_life_loss=training and cfg.atari_terminal_on_life_loss,
                          clip_rewards=training and cfg.atari_clip_rewards,
                          sticky_action_prob=cfg.atari_sticky_action_prob,
-                         max_episode_steps=cfg.max_episode_steps)
+                         max_episode_steps=cfg.max_episode_steps, render_mode=render_mode)
     else:
         kwargs: dict[str, Any] = {}
+        if render_mode is not None:  # only then: an env of your own may not take the argument
+            kwargs["render_mode"] = render_mode
         if cfg.max_episode_steps:
             kwargs["max_episode_steps"] = cfg.max_episode_steps
         env = gym.make(registered_id(cfg.id), **kwargs)
