@@ -32,6 +32,7 @@ import torch
 from amprl import errors
 from amprl.common import grpcutil
 from amprl.common.channels import make_channel
+from amprl.config import ExperimentConfig
 from amprl.core import Pulled
 from amprl.wire.compressed import decode, encoding_value
 from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, tensor_pb2
@@ -284,4 +285,27 @@ def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
             p.copy_(weights[name])
 
 
-__all__ = ["ParameterClient", "VersionWatch", "load_into", "DEFAULT_TIMEOUT_S"]
+def checkpointed_weights(cfg: ExperimentConfig, run_dir: str) -> tuple[int, dict[str, torch.Tensor], list[str]]:
+    """The newest readable checkpoint of a run's parameter server, read from its folder
+    (``paramserver.checkpoint_dir``, default ``<run_dir>/checkpoints``) without a server:
+    (version, fp32 weights by wire name, one line per newer file skipped as unreadable).
+    For tools reading a stopped run (``amprl enjoy --final``); each file is checked by its
+    hash and loaded with ``torch.load(weights_only=True)`` (``amprl.paramserver.checkpoint``).
+    FileNotFoundError if no file is readable."""
+    from amprl.paramserver.__main__ import checkpoint_dir
+    from amprl.paramserver.checkpoint import CheckpointManager
+
+    folder = checkpoint_dir(cfg, run_dir)
+    skipped = []
+    for _, path in CheckpointManager(folder).files():
+        try:
+            state = CheckpointManager.read(path)
+        except (OSError, errors.InvalidArgument) as exc:
+            skipped.append(f"{path.name}: {exc}")
+            continue
+        weights = {n: state["params"][n].float() for n in state["names"]}
+        return int(state["version"]), weights, skipped
+    raise FileNotFoundError(f"{folder}: no readable checkpoint ({'; '.join(skipped) or 'none there'})")
+
+
+__all__ = ["ParameterClient", "VersionWatch", "load_into", "checkpointed_weights", "DEFAULT_TIMEOUT_S"]
