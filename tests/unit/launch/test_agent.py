@@ -1,6 +1,6 @@
-"""`amprl enjoy` and `amprl export`: the best weights of a run folder played greedily and
-written out, as TorchScript that acts without this package or as a plain state dict; and
-the same weights pulled from a live parameter server."""
+"""`amprl enjoy` and `amprl export`: the best (or final) weights of a run folder played
+greedily and written out, as TorchScript or a torch.export program that acts without this
+package, or as a plain state dict; and the same weights pulled from a live parameter server."""
 
 from __future__ import annotations
 
@@ -17,7 +17,14 @@ from amprl.core import Pulled
 from amprl.envs.factory import env_spec
 from amprl.evaluator import evaluator as evaluator_mod
 from amprl.evaluator.evaluator import Evaluator
+from amprl.config import dump_config
 from amprl.launch.agent import enjoy
+from amprl.paramserver.checkpoint import CheckpointManager
+from amprl.paramserver.store import ParameterStore
+
+LOAD = {"torchscript": lambda path: torch.jit.load(str(path)),
+        "exported_program": lambda path: torch.export.load(str(path)).module()}
+"""The documented first line of each format's snippet."""
 
 
 class OnePS:
@@ -43,22 +50,37 @@ def run_folder(tmp_path, monkeypatch, overrides):
     return cfg, spec, weights
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated")  # torch's, when loading
+@pytest.mark.parametrize("fmt,name", [("torchscript", "policy.pt"), ("exported_program", "policy.pt2")])
 @pytest.mark.parametrize("overrides", [["network.hidden_sizes=[16]"],
                                        ["env.id=Pendulum-v1", "algo=td3", "td3.hidden_sizes=[16]"]],
                          ids=["dqn", "td3"])
-def test_torchscript_export_acts_like_the_greedy_policy_without_this_package(tmp_path, monkeypatch,
-                                                                             overrides, capsys):
+def test_a_module_export_acts_like_the_greedy_policy_on_any_batch_size(tmp_path, monkeypatch,
+                                                                       overrides, fmt, name, capsys):
     cfg, spec, weights = run_folder(tmp_path, monkeypatch, overrides)
-    out = tmp_path / "policy.pt"
-    assert amprl(["export", str(tmp_path), "-o", str(out)]) == 0
+    out = tmp_path / name
+    assert amprl(["export", str(tmp_path), "-o", str(out), "--format", fmt]) == 0
     assert json.loads(capsys.readouterr().out)["param_version"] == 7
-    policy = torch.jit.load(str(out))  # the documented snippet
+    policy = LOAD[fmt](out)
     model = algos.build_model(cfg, spec)
     model.load_state_dict(weights)
     greedy = algos.builder(cfg.algo).make_greedy_policy(model)
     obs = np.random.default_rng(0).standard_normal((5, *spec.obs_shape)).astype(np.float32)
     actions = policy(torch.as_tensor(obs)).numpy()
     np.testing.assert_allclose(actions, np.asarray(greedy(obs)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(policy(torch.as_tensor(obs[:1])).numpy(), actions[:1], rtol=1e-5, atol=1e-6)
+
+
+def test_making_torchscript_shows_no_deprecation_warning(tmp_path, monkeypatch, recwarn):
+    run_folder(tmp_path, monkeypatch, ["network.hidden_sizes=[16]"])
+    assert amprl(["export", str(tmp_path), "-o", str(tmp_path / "policy.pt")]) == 0
+    assert not [w for w in recwarn if "torch.jit" in str(w.message)]
+
+
+def test_an_exported_program_must_be_named_pt2(tmp_path, monkeypatch, capsys):
+    run_folder(tmp_path, monkeypatch, ["network.hidden_sizes=[16]"])
+    assert amprl(["export", str(tmp_path), "-o", str(tmp_path / "p.pt"), "--format", "exported_program"]) == 2
+    assert "name it p.pt2" in capsys.readouterr().err
 
 
 def test_state_dict_export_loads_into_the_network_the_config_builds(tmp_path, monkeypatch):
@@ -77,6 +99,71 @@ def test_enjoy_plays_the_best_weights_greedily(tmp_path, monkeypatch):
     assert result["param_version"] == 7 and result["episodes"] == 3 and len(result["returns"]) == 3
     assert result["mean_return"] == pytest.approx(np.mean(result["returns"]), abs=1e-3)
     assert all(r >= 1 for r in result["returns"])  # CartPole pays 1 per step
+
+
+def final_checkpoints(tmp_path, cfg, spec):
+    """Two checkpoints in the run folder (versions 1 and 2); returns the newest weights."""
+    store = ParameterStore.from_model(algos.build_model(cfg, spec), lr=1e-2)
+    manager = CheckpointManager(tmp_path / "checkpoints")
+    dump_config(cfg, tmp_path / "config.yaml")
+    for v in range(2):
+        store.apply(v, {n: torch.ones(s) for n, s in store.shapes.items()})
+        manager.save(store)
+    return {n: t.clone() for n, t in store.snapshot()[1].items()}
+
+
+def test_final_plays_and_exports_the_newest_checkpoint(tmp_path, monkeypatch, capsys):
+    cfg, spec, _ = run_folder(tmp_path, monkeypatch, ["network.hidden_sizes=[16]"])
+    final = final_checkpoints(tmp_path, cfg, spec)
+    result = enjoy(tmp_path, episodes=2, seed=1, final=True)
+    assert result["weights"] == "final" and result["param_version"] == 2
+    out = tmp_path / "final.pt"
+    assert amprl(["export", str(tmp_path), "--final", "-o", str(out), "--format", "state_dict"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"output": str(out), "format": "state_dict",
+                                                    "weights": "final", "param_version": 2}
+    state = torch.load(out, weights_only=True)
+    assert all(torch.equal(state[n], final[n].float()) for n in final)
+
+
+def test_final_skips_a_corrupted_newest_checkpoint(tmp_path, monkeypatch, capsys):
+    cfg, spec, _ = run_folder(tmp_path, monkeypatch, ["network.hidden_sizes=[16]"])
+    final_checkpoints(tmp_path, cfg, spec)
+    newest = CheckpointManager(tmp_path / "checkpoints").files()[0][1]
+    newest.write_bytes(newest.read_bytes()[:-10])  # a torn write
+    assert enjoy(tmp_path, episodes=1, seed=1, final=True)["param_version"] == 1
+    assert "checksum mismatch" in capsys.readouterr().err
+
+
+def test_final_without_checkpoints_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    cfg, _, _ = run_folder(tmp_path, monkeypatch, ["network.hidden_sizes=[16]"])
+    dump_config(cfg, tmp_path / "config.yaml")
+    assert amprl(["enjoy", str(tmp_path), "--final"]) == 2
+    assert "no readable checkpoint" in capsys.readouterr().err
+
+
+def test_render_without_a_display_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    run_folder(tmp_path, monkeypatch, ["network.hidden_sizes=[16]"])
+    for var in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER"):
+        monkeypatch.delenv(var, raising=False)
+    assert amprl(["enjoy", str(tmp_path), "--render"]) == 2
+    assert "no display" in capsys.readouterr().err
+    assert amprl(["enjoy", str(tmp_path), "--render", "--video", str(tmp_path / "v.mp4")]) == 2
+    assert "choose one" in capsys.readouterr().err
+
+
+def test_render_builds_human_envs_one_episode_at_a_time(tmp_path, monkeypatch):
+    from amprl.envs import episodes
+    run_folder(tmp_path, monkeypatch, ["network.hidden_sizes=[16]"])
+    monkeypatch.setenv("DISPLAY", ":99")
+    made, real = [], episodes.make_env
+
+    def make_env(cfg, seed=None, *, training=True, render_mode=None):
+        made.append(render_mode)
+        return real(cfg, seed, training=training)  # no window here: the wiring is under test
+
+    monkeypatch.setattr(episodes, "make_env", make_env)
+    assert len(enjoy(tmp_path, episodes=2, seed=1, human=True)["returns"]) == 2
+    assert made == ["human", "human"]
 
 
 def test_a_folder_without_best_weights_is_a_clear_error(tmp_path, capsys):
