@@ -3,6 +3,7 @@
   amprl run [CONFIG] [--set k=v ...]   the whole system as local processes
   amprl replay|paramserver|learner|actor|evaluator [flags]   one service (a pod's command)
   amprl enjoy RUN_DIR | export RUN_DIR -o policy.pt   use what a run learned
+  amprl plot RUN_DIR... -o curves.png  eval return against env steps and wall time
   amprl certs DIR                      a development CA and one certificate per role (mTLS)
 """
 
@@ -20,6 +21,7 @@ SERVICES = {
     "evaluator": "amprl.evaluator.__main__",
     "enjoy": "amprl.launch.agent:enjoy_main",
     "export": "amprl.launch.agent:export_main",
+    "plot": "amprl.launch.plot:main",
     "certs": "amprl.common.certs:main",
 }
 """Subcommand -> the module whose ``main(argv)`` runs it (or ``module:function``)."""

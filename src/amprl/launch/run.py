@@ -13,6 +13,7 @@ connection is mutual TLS and each service holds only its own role's certificate
                             eval.jsonl        every evaluation
                             services.json     name -> pid, address, log of each service
                             summary.json      solved, final_eval_return, env_steps, updates, ...
+                            curves.png        eval return against env steps and wall time (amprl plot)
                             tls/              with --tls: the CA and one folder per role
 """
 
@@ -325,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
                                "weights": f"best/{record['weights']}", "config": "best/config.yaml"}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(json.dumps({k: v for k, v in summary.items() if k != "error"}), flush=True)
+        if (run_dir / "eval.jsonl").exists():
+            try:  # the curves are a convenience: failing to draw them never fails the run
+                from amprl.launch.plot import plot_runs
+                plot_runs([run_dir], run_dir / "curves.png")
+            except Exception as exc:  # noqa: BLE001 - whatever matplotlib raises
+                log.warning("could not plot %s: %s", run_dir / "curves.png", exc)
     return 1 if failure else (130 if interrupted["flag"] else 0)
 
 
