@@ -50,3 +50,12 @@ def amprl_run(tmp_path):
     yield runs
     for run in runs.started:
         run.stop(timeout_s=60)
+
+
+@pytest.fixture(scope="module")
+def amprl_run_module(tmp_path_factory):
+    """``amprl_run`` shared by a module's tests: one run folder that several tests read."""
+    runs = AmprlRun(tmp_path_factory.mktemp("amprl-run"))
+    yield runs
+    for run in runs.started:
+        run.stop(timeout_s=60)
