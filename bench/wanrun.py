@@ -28,8 +28,8 @@ from pathlib import Path
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
 from amprl.launch.procs import set_nice, start_service, stop_services, wait_for_port
-from amprl.launch.run import Progress, evaluate_final_policy, stop_reason
-from amprl.v1 import telemetry_pb2
+from amprl.launch.progress import Progress
+from amprl.launch.run import evaluate_final_policy, stop_reason
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import start_relay  # noqa: E402 - bench/ is not a package
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         evaluator = start("evaluator", "amprl.evaluator", [*addrs, "--id", "evaluator"])
         for svc in [learner, *actors, evaluator]:
             wait_for_port(svc)
-        progress = Progress(replay.address, ps_addr, learner.address, evaluator.address)
+        progress = Progress({"replay": replay.address, "paramserver": ps_addr,
+                             "learner": learner.address, "evaluator": evaluator.address})
         startup = time.monotonic() - t_start
         t0, t0_unix = time.monotonic(), time.time()
         reason, last_print = "", 0.0
@@ -100,11 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             reason = stop_reason(cfg, progress, elapsed)
             if reason:
                 break
-        learner_info = None
-        try:
-            learner_info = progress.learner.Info(telemetry_pb2.LearnerServiceInfoRequest(), timeout=5)
-        except Exception:  # noqa: BLE001 - a dead learner has no Info; reported as failure
-            pass
+        progress.poll()
+        learner_info = progress.services["learner"].info  # before the final evaluation stops it
         if failure is None and reason != "target reached":
             evaluate_final_policy(services, learner, evaluator, progress, cfg.evaluator.interval_s)
         wall = time.monotonic() - t0

@@ -2,7 +2,8 @@
 
 Starts an embedded Redis (a real redis-server), then replay, parameter server, learner,
 ``actor.num_actors`` actors and the evaluator, each as its own OS process talking gRPC on
-loopback; shows live progress; stops at the target eval return, the step budget, the wall
+loopback; shows live progress (``amprl.launch.progress``: in place on a terminal, a line
+a second otherwise); stops at the target eval return, the step budget, the wall
 limit, Ctrl-C, or when any service dies (whose log tail is shown). With ``--tls`` every
 connection is mutual TLS and each service holds only its own role's certificate
 (``amprl.common.certs``). Writes the run folder:
@@ -28,12 +29,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from amprl import errors
 from amprl.config import ExperimentConfig, dump_config, load_config
 from amprl.envs.factory import check_env_id
 from amprl.launch.procs import Service, set_nice, start_service, stop_services, wait_for_port
+from amprl.launch.progress import Progress, ProgressDisplay, role_of_service
 
 log = logging.getLogger("amprl.run")
 
@@ -47,18 +49,14 @@ def parse_args(argv):
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. run.total_env_steps=20000 (repeatable)")
     p.add_argument("--run-dir", default="", help="exact run folder (default: <run.run_dir>/<name>-<time>)")
-    p.add_argument("--progress-interval", type=float, default=1.0, help="seconds between progress lines")
+    p.add_argument("--progress-interval", type=float, default=1.0,
+                   help="seconds between progress lines (when stdout is not a terminal)")
     p.add_argument("--tls", action="store_true",
                    help="mutual TLS between every service, with a CA and role certificates made "
                         "in <run folder>/tls (or taken from --certs)")
     p.add_argument("--certs", default="", metavar="DIR",
                    help="with --tls: role certificates from `amprl certs DIR` instead of new ones")
     return p.parse_args(argv)
-
-
-def role_of_service(name: str) -> str:
-    """The certificate role of a local service ("actor-3" -> "actor")."""
-    return name.split("-", 1)[0]
 
 
 def tls_env(args, run_dir: Path) -> Callable[[str], dict[str, str]]:
@@ -74,80 +72,6 @@ def tls_env(args, run_dir: Path) -> Callable[[str], dict[str, str]]:
     server_name = certs.server_name_in(folder / "replay" / "tls.crt")
     return lambda role: {grpcutil.TLS_CERT_DIR_ENV: str(folder / role),
                          grpcutil.TLS_SERVER_NAME_ENV: server_name}
-
-
-class Progress:
-    """Polls every service's Info and keeps the figures the progress line and summary need."""
-
-    def __init__(self, replay_addr: str, ps_addr: str, learner_addr: str, evaluator_addr: str):
-        from amprl.common.channels import make_channel
-        from amprl.v1 import paramserver_pb2, paramserver_pb2_grpc, replay_pb2, replay_pb2_grpc
-        from amprl.v1 import telemetry_pb2, telemetry_pb2_grpc
-        self._pb = (replay_pb2, paramserver_pb2, telemetry_pb2)
-        self.channels = [make_channel(a, server_role=r) for a, r in (
-            (replay_addr, "replay"), (ps_addr, "paramserver"), (learner_addr, "learner"),
-            (evaluator_addr, "evaluator"))]
-        self.replay = replay_pb2_grpc.ReplayServiceStub(self.channels[0])
-        self.ps = paramserver_pb2_grpc.ParameterServiceStub(self.channels[1])
-        self.learner = telemetry_pb2_grpc.LearnerServiceStub(self.channels[2])
-        self.evaluator = telemetry_pb2_grpc.EvaluatorServiceStub(self.channels[3])
-        self.env_steps = 0
-        self.replay_size = 0
-        self.version = 0
-        self.updates = 0
-        self.q_mean = 0.0
-        self.evaluations: list = []
-        self._rate_window: list[tuple[float, int, int]] = []
-
-    def poll(self) -> None:
-        import grpc
-        replay_pb2, paramserver_pb2, telemetry_pb2 = self._pb
-        # (the Info method, its request, what reads the response)
-        calls: list[tuple[Callable[..., Any], Any, Callable[[Any], None]]] = [
-            (self.replay.Info, replay_pb2.ReplayServiceInfoRequest(), self._on_replay),
-            (self.ps.Info, paramserver_pb2.ParameterServiceInfoRequest(), self._on_ps),
-            (self.learner.Info, telemetry_pb2.LearnerServiceInfoRequest(), self._on_learner),
-            (self.evaluator.Info, telemetry_pb2.EvaluatorServiceInfoRequest(), self._on_eval),
-        ]
-        for call, req, on in calls:
-            try:
-                on(call(req, timeout=2.0))
-            except (errors.AmprlError, grpc.RpcError):
-                pass  # a service that is (re)starting; its death is detected by the process check
-        now = time.monotonic()
-        self._rate_window.append((now, self.env_steps, self.updates))
-        self._rate_window = [w for w in self._rate_window if now - w[0] <= 5.0]
-
-    def _on_replay(self, r):
-        self.env_steps, self.replay_size = r.env_steps_total, r.size
-
-    def _on_ps(self, r):
-        self.version = r.version
-
-    def _on_learner(self, r):
-        self.updates, self.q_mean = r.updates, r.q_mean
-
-    def _on_eval(self, r):
-        self.evaluations = list(r.evaluations)
-
-    def rates(self) -> tuple[float, float]:
-        if len(self._rate_window) < 2:
-            return 0.0, 0.0
-        (t0, s0, u0), (t1, s1, u1) = self._rate_window[0], self._rate_window[-1]
-        dt = max(t1 - t0, 1e-6)
-        return (s1 - s0) / dt, (u1 - u0) / dt
-
-    def line(self, elapsed: float) -> str:
-        sps, ups = self.rates()
-        last = self.evaluations[-1] if self.evaluations else None
-        ev = f"{last.mean_return:7.1f} (v{last.param_version})" if last else "      -"
-        return (f"[{elapsed:6.1f}s] env steps {self.env_steps:>9,d} ({sps:7,.0f}/s)  updates {self.updates:>7,d} "
-                f"({ups:5.0f}/s)  Q {self.q_mean:7.2f}  replay {self.replay_size:>8,d}  version {self.version:>7,d}  "
-                f"eval {ev}")
-
-    def close(self):
-        for ch in self.channels:
-            ch.close()
 
 
 def stop_reason(cfg: ExperimentConfig, progress: Progress, elapsed: float) -> str:
@@ -209,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     services: list[Service] = []
     redis = None
     progress = None
+    display = None
     saved_env: dict[str, str | None] = {}
     failure = None
     t0 = time.monotonic()
@@ -253,10 +178,11 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_port(svc)
         (run_dir / "services.json").write_text(json.dumps(
             {s.name: {"pid": s.pid, "address": s.address, "log": str(s.log_path)} for s in services}, indent=2))
-        progress = Progress(replay.address, ps.address, learner.address, evaluator.address)
+        progress = Progress({s.name: s.address for s in services})
+        display = ProgressDisplay(progress, cfg.run, interval_s=args.progress_interval,
+                                  title=f"amprl run {cfg.name}: {run_dir}")
         startup = time.monotonic() - t0
         t0, t0_unix = time.monotonic(), time.time()
-        last_print = 0.0
         reason = ""
         while True:
             time.sleep(0.25)
@@ -271,12 +197,11 @@ def main(argv: list[str] | None = None) -> int:
                 reason = "interrupted"
                 break
             progress.poll()
-            if elapsed - last_print >= args.progress_interval:
-                print(progress.line(elapsed), flush=True)
-                last_print = elapsed
+            display.update(elapsed)
             reason = stop_reason(cfg, progress, elapsed)
             if reason:
                 break
+        display.close()
         print(f"amprl run: stopping ({reason})", flush=True)
         if failure is None and reason in ("step budget reached", "wall-clock limit reached"):
             evaluate_final_policy(services, learner, evaluator, progress, cfg.evaluator.interval_s)
@@ -303,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             "error": failure,
         }
     finally:
+        if display is not None:
+            display.close()
         if progress is not None:
             progress.close()
         stop_services(list(reversed(services)))
