@@ -5,6 +5,7 @@
   amprl enjoy RUN_DIR | export RUN_DIR -o policy.pt   use what a run learned
   amprl plot RUN_DIR... -o curves.png  eval return against env steps and wall time
   amprl certs DIR                      a development CA and one certificate per role (mTLS)
+  amprl status [RUN_DIR | --replay H:P ...] [--json]   health and progress of a running system
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ SERVICES = {
     "export": "amprl.launch.agent:export_main",
     "plot": "amprl.launch.plot:main",
     "certs": "amprl.common.certs:main",
+    "status": "amprl.launch.status",
 }
 """Subcommand -> the module whose ``main(argv)`` runs it (or ``module:function``)."""
 
