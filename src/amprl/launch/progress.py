@@ -255,26 +255,26 @@ def render(progress: Progress, run: RunConfig, elapsed: float, title: str = "amp
     sps, ups = rates.get("env_steps", 0.0), rates.get("updates", 0.0)
     steps, total = progress.env_steps, run.total_env_steps
     eta = eta_seconds(steps, total, sps, elapsed, run.max_wall_seconds)
-    wall = f" of {duration(run.max_wall_seconds)}" if run.max_wall_seconds else ""
+    limit = f" (limit {duration(run.max_wall_seconds)})" if run.max_wall_seconds else ""
     head = Table.grid(padding=(0, 2))
-    head.add_row(ProgressBar(total=total, completed=min(steps, total), width=36),
-                 f"{min(steps / total, 1.0):4.0%} of {total:,} env steps",
-                 f"elapsed {duration(elapsed)}{wall}", f"ETA {duration(eta)}")
+    head.add_row(ProgressBar(total=total, completed=min(steps, total), width=30),
+                 f"{min(steps / total, 1.0):.0%} of {total:,} env steps")
     evals = progress.evaluations
     last = evals[-1] if evals else None
     recent = progress.recent_return
-    target = f"target {run.target_return:g}" + (" (stops there)" if run.stop_at_target else "")
     figures = Table.grid(padding=(0, 2))
     figures.add_column(style="bold")
     figures.add_column()
     for label, value in [
+        ("time", f"{duration(elapsed)} elapsed{limit}, ETA {duration(eta)}"),
         ("env steps", f"{steps:,} ({sps:,.0f}/s)"),
         ("updates", f"{progress.updates:,} ({ups:,.0f}/s)   Q {progress.q_mean:.2f}"),
         ("replay", f"{progress.replay_size:,} transitions"),
         ("version", f"{progress.version:,}"),
-        ("training return", "-" if recent is None else f"{recent:.1f} (recent episodes, mean over actors)"),
+        ("training return", "-" if recent is None else f"{recent:.1f} (actors' recent episodes)"),
         ("last eval", "-" if last is None else f"{last.mean_return:.1f} ± {last.std_return:.1f} at "
-                                               f"v{last.param_version}, {last.env_steps:,} env steps   {target}"),
+                                               f"v{last.param_version}, {last.env_steps:,} env steps"),
+        ("target", f"{run.target_return:g}" + (" (the run stops there)" if run.stop_at_target else "")),
     ]:
         figures.add_row(label, value)
     return Panel(Group(head, figures), title=title, title_align="left")

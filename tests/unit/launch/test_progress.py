@@ -98,14 +98,15 @@ def test_durations_read_as_seconds_minutes_hours():
 def test_the_rich_display_shows_budget_eta_training_return_and_last_eval():
     run = RunConfig(total_env_steps=50_000, target_return=475.0)
     out = io.StringIO()
-    Console(file=out, width=140).print(render(polled_twice(), run, elapsed=7.2, title="amprl run test"))
+    Console(file=out, width=80).print(render(polled_twice(), run, elapsed=7.2, title="amprl run test"))
     text = out.getvalue()
     assert "amprl run test" in text
     assert "31% of 50,000 env steps" in text  # 15,712 of 50,000
     assert "ETA 19s" in text  # 34,288 steps left at 1,819/s
     assert "15,712 (1,819/s)" in text and "3,336 (454/s)" in text
     assert "150.0" in text  # training return
-    assert "240.9 ± 3.0 at v3288" in text and "target 475" in text
+    assert "240.9 ± 3.0 at v3288" in text and "475 (the run stops there)" in text
+    assert len(text.splitlines()) == 2 + 1 + 8  # an 80-column terminal: borders, bar, one row per figure
 
 
 def test_without_a_terminal_the_display_prints_the_plain_line_once_per_interval():
