@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from amprl.common import cli
-from amprl.common.bootstrap import ServiceProcess
+from amprl.common.bootstrap import Renewal, ServiceProcess
 from amprl.common.redis_acl import REPLAY_PREFIX, REPLAY_USER, RedisUser
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.envs.factory import env_spec
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         proc.attach(replay.server, replay.port)
         log.info("replay ready on port %d (redis %s)", replay.port, redis_url.split("@")[-1])
         try:
-            return proc.run_until_stopped(grace_s=5.0, drain=True)
+            # replay dials no one over gRPC: its server re-reads a renewed certificate in place
+            return proc.run_until_stopped(grace_s=5.0, drain=True, renewal=Renewal.RELOAD)
         finally:
             replay.table.storage.close()
     finally:
