@@ -1,5 +1,6 @@
-# AMP-RL. `make run` trains the default agent, `make test` runs the tests; both install
-# what they need into .venv first.
+# AMP-RL. `make run` trains the default agent, `make test` runs the tests; each installs
+# what it needs into .venv first: `make run` the runtime only, `make test` also the test
+# and chart tooling.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,9 +9,15 @@ GENERATED := $(patsubst protos/amprl/v1/%.proto,src/amprl/v1/%_pb2.py,$(PROTOS))
 
 .PHONY: install protos test test-fast bench run chart-check clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.runtime: pyproject.toml
+	@echo "make: installing AMP-RL and what it needs to run (PyTorch CPU, gRPC, Redis, Gymnasium, ...) into $(VENV); a few minutes the first time"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.runtime pyproject.toml
+	@echo "make: installing the test and chart tooling (.[dev]: pytest, hypothesis, mypy, Helm SDK, ...) into $(VENV)"
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
@@ -63,8 +70,9 @@ chart-check: install
 	$(PY) -m amprl.config.schema charts/amprl/values.schema.json
 	$(PY) -m pytest -q tests/chart
 
-run: install
-	$(VENV)/bin/amprl run configs/cartpole-dqn.yaml
+run: $(VENV)/.runtime
+	@echo "make: amprl run cartpole-dqn (DQN on CartPole-v1; the run folder lands in runs/)"
+	$(VENV)/bin/amprl run cartpole-dqn
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -28,7 +28,8 @@ SERVICES = {
 }
 """Subcommand -> the module whose ``main(argv)`` runs it (or ``module:function``)."""
 
-USAGE = "usage: amprl {" + ",".join(SERVICES) + "} [args...]   (amprl SUBCOMMAND --help for its flags)"
+USAGE = ("usage: amprl {" + ",".join(SERVICES) + "} [args...]   (amprl SUBCOMMAND --help for its flags)\n"
+         "       amprl --version")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from importlib.metadata import version
+        print(f"amprl {version('amprl')}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in SERVICES:
         print(f"amprl: unknown subcommand {name!r}\n{USAGE}", file=sys.stderr)

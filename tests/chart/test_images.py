@@ -99,7 +99,7 @@ def test_dockerignore_sends_only_the_package():
              if ln.strip() and not ln.startswith("#")]
     assert lines[0] == "*", "deny everything first, then re-include"
     included = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
-    assert included == {"pyproject.toml", "README.md", "src"}
+    assert included == {"pyproject.toml", "README.md", "LICENSE", "src"}
     copied = {part for p in DOCKERFILES.values() for w, a in _instructions(p)
               if w == "COPY" and not a.startswith("--from") for part in a.split()[:-1]}
     assert copied <= included, copied - included

@@ -9,12 +9,13 @@ Kubernetes).
 
 from amprl.config.bounds import Bound
 from amprl.config.loading import (RENAMED, apply_overrides, config_from_dict, config_to_dict,
-                                  dump_config, load_config, validate)
+                                  dump_config, load_config, packaged_configs, resolve_config,
+                                  validate)
 from amprl.config.sections import (ActorConfig, DeployConfig, EnvConfig, EvaluatorConfig,
                                    ExperimentConfig, LearnerConfig, NetworkConfig, NiceConfig,
                                    ParamServerConfig, ReplayConfig, RunConfig)
 
 __all__ = ["Bound", "RENAMED", "apply_overrides", "config_from_dict", "config_to_dict", "dump_config",
-           "load_config", "validate", "ActorConfig", "DeployConfig", "EnvConfig",
+           "load_config", "packaged_configs", "resolve_config", "validate", "ActorConfig", "DeployConfig", "EnvConfig",
            "EvaluatorConfig", "ExperimentConfig", "LearnerConfig", "NetworkConfig", "NiceConfig",
            "ParamServerConfig", "ReplayConfig", "RunConfig"]

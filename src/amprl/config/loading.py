@@ -177,6 +177,37 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config_from_dict(data)
 
 
+PACKAGED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+"""The experiment files that ship with the package (``amprl run pong-apex``)."""
+
+
+def packaged_configs() -> list[str]:
+    """Names of the experiment files shipped with the package."""
+    return sorted(p.stem for p in PACKAGED_CONFIGS.glob("*.yaml"))
+
+
+def resolve_config(name_or_path: str) -> Path:
+    """An experiment file: ``name_or_path`` itself when it exists, else the packaged
+    experiment of that name (``pong-apex`` or ``pong-apex.yaml``); ConfigError naming the
+    packaged ones otherwise."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    packaged = PACKAGED_CONFIGS / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    if path.parent == Path(".") and packaged.exists():
+        return packaged
+    raise ConfigError(f"{name_or_path}: no such file, and no packaged experiment of that name "
+                      f"(packaged: {', '.join(packaged_configs())})")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parse error in one line: what is wrong and where (1-based line and column)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"YAML syntax error{where}: {problem}"
+
+
 def config_to_dict(cfg: ExperimentConfig) -> dict:
     """The config as plain data (what ``dump_config`` writes and ``config_from_dict`` reads)."""
     return dataclasses.asdict(cfg)

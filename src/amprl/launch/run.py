@@ -32,20 +32,23 @@ from pathlib import Path
 from typing import Callable
 
 from amprl import errors
-from amprl.config import ExperimentConfig, dump_config, load_config
+from amprl.config import ExperimentConfig, dump_config, load_config, packaged_configs, resolve_config
 from amprl.envs.factory import check_env_id
 from amprl.launch.procs import Service, set_nice, start_service, stop_services, wait_for_port
 from amprl.launch.progress import Progress, ProgressDisplay, role_of_service
 
 log = logging.getLogger("amprl.run")
 
-DEFAULT_CONFIG = "configs/cartpole-dqn.yaml"
+DEFAULT_CONFIG = "cartpole-dqn"
+"""The packaged experiment ``amprl run`` trains when given none (``amprl.config.resolve_config``)."""
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="amprl run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", nargs="?", default=None, help=f"experiment YAML (default: {DEFAULT_CONFIG} if present)")
+    p.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
+                   help=f"experiment YAML, or the name of a packaged one: {', '.join(packaged_configs())} "
+                        f"(default: {DEFAULT_CONFIG})")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. run.total_env_steps=20000 (repeatable)")
     p.add_argument("--run-dir", default="", help="exact run folder (default: <run.run_dir>/<name>-<time>)")
@@ -104,11 +107,8 @@ def evaluate_final_policy(services: list[Service], learner: Service, evaluator: 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s run %(levelname)s: %(message)s")
-    config_path = args.config
-    if config_path is None and Path(DEFAULT_CONFIG).exists():
-        config_path = DEFAULT_CONFIG
     try:
-        cfg = load_config(config_path, args.overrides)
+        cfg = load_config(resolve_config(args.config), args.overrides)
         check_env_id(cfg.env)
     except errors.ConfigError as exc:
         print(f"amprl run: config error: {exc}", file=sys.stderr)
