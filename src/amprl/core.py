@@ -112,7 +112,7 @@ class Algorithm(Protocol):
 
     def loss(self, batch: Batch, update_index: int, info: dict | None = None
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(loss, |TD error| per sample, or None); ``info`` receives ``q_mean``."""
+        """(loss, |TD error| per sample, or None); ``info`` receives ``q_mean`` and ``q_max``."""
         ...
 
     def on_weights(self, version: int, initial: bool = False) -> None:

@@ -42,7 +42,7 @@ from amprl.learner.weights import WeightSync
 log = logging.getLogger(__name__)
 
 LOG_WINDOW = 50
-"""Updates averaged into the reported loss and mean Q."""
+"""Updates averaged into the reported loss and mean Q (and over which max Q is taken)."""
 LOG_EVERY_S = 10.0
 """Seconds between the learner's progress lines in its log."""
 
@@ -64,6 +64,8 @@ class LearnerStats:
     q_mean: float = 0.0
     """Mean Q(s, a) of the trained batches over the last logging window (DQN: the online
     network; TD3: critic 1). Far above r_max / (1 - gamma) means the Q-function diverged."""
+    q_max: float = 0.0
+    """Largest Q(s, a) of the trained batches over the last logging window."""
     grad_norm: float = 0.0
     pushes: int = 0
     """Pushes sent (each one optimizer step on the server once applied)."""
@@ -133,6 +135,7 @@ class Learner:
                     "it needs a second one for its other threads (set it to false)")
         self._loss_sum = 0.0
         self._q_sum = 0.0
+        self._q_max = -math.inf
         self._loss_n = 0
         self.log_every_s = LOG_EVERY_S
         self._logged = (0.0, 0)  # (monotonic time, updates) of the last progress line
@@ -241,14 +244,17 @@ class Learner:
                 self.pushes.forget(swapped)
         self.stats.updates += 1
         self.stats.grad_norm = norm_value
-        # one device sync for both figures
-        loss_value, q_value = torch.stack([loss.detach().float(), info["q_mean"]]).tolist()
+        # one device sync for the three figures
+        loss_value, q_value, q_max = torch.stack([loss.detach().float(), info["q_mean"],
+                                                  info["q_max"]]).tolist()
         self._loss_sum += loss_value
         self._q_sum += q_value
+        self._q_max = max(self._q_max, q_max)
         self._loss_n += 1
         if self._loss_n >= LOG_WINDOW:
             self.stats.loss, self.stats.q_mean = self._loss_sum / self._loss_n, self._q_sum / self._loss_n
-            self._loss_sum, self._q_sum, self._loss_n = 0.0, 0.0, 0
+            self.stats.q_max = self._q_max
+            self._loss_sum, self._q_sum, self._loss_n, self._q_max = 0.0, 0.0, 0, -math.inf
         return True
 
     def run(self, stop: threading.Event, max_updates: int | None = None) -> None:

@@ -60,6 +60,7 @@ def test_loss_and_td_abs_by_hand():
     info = {}
     dqn_loss(online, target, batch(), info=info)
     torch.testing.assert_close(info["q_mean"], torch.tensor((2.0 + 3.0) / 2))  # Q(s0,1), Q(s1,0)
+    torch.testing.assert_close(info["q_max"], torch.tensor(3.0))
     loss.backward()
     assert target.weight.grad is None  # no gradient through the target
     g = online.weight.grad  # [action, state]

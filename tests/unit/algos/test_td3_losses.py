@@ -92,6 +92,7 @@ def test_critic_loss_by_hand_with_is_weights_and_priority_from_critic1():
     info = {}
     td3_critic_loss(online, target, b, info=info)
     torch.testing.assert_close(info["q_mean"], torch.tensor(1.0))  # critic 1's, not critic 2's -1
+    torch.testing.assert_close(info["q_max"], torch.tensor(1.0))
     loss.backward()
     assert all(p.grad is None for p in online.actor.parameters())
     assert all(p.grad is None for p in target.parameters())

@@ -339,15 +339,17 @@ def test_the_pushed_gradient_is_clipped_to_the_norm_limit_and_the_pre_clip_norm_
         torch.testing.assert_close(pushed[name], q.grad, rtol=1e-6, atol=1e-9)
 
 
-def test_reported_loss_and_mean_q_average_the_last_log_window():
+def test_reported_loss_and_mean_q_average_the_last_log_window_and_max_q_is_its_largest():
     learner, ps = _learner("learner.max_pushes_in_flight=4")
-    losses, qs = [], []
+    losses, qs, q_maxes = [], [], []
     for i in range(LOG_WINDOW):
         item = _batch(learner, i)
         batch, _ = item
         with torch.no_grad():  # the figures of this update, by hand, on the weights it uses
             q_all = learner.model(batch.obs)
-            qs.append(float(q_all.gather(1, batch.actions.reshape(-1, 1)).mean()))
+            q = q_all.gather(1, batch.actions.reshape(-1, 1))
+            qs.append(float(q.mean()))
+            q_maxes.append(float(q.max()))
             losses.append(float(learner.algo.loss(batch, i)[0]))
         assert learner.stats.q_mean == 0.0  # nothing reported before a whole window
         learner.update(item)
@@ -355,6 +357,7 @@ def test_reported_loss_and_mean_q_average_the_last_log_window():
             if not push[3].done():
                 ps.reply(j)
     assert learner.stats.q_mean == pytest.approx(sum(qs) / LOG_WINDOW, rel=1e-5)
+    assert learner.stats.q_max == pytest.approx(max(q_maxes), rel=1e-5)
     assert learner.stats.loss == pytest.approx(sum(losses) / LOG_WINDOW, rel=1e-5)
 
 

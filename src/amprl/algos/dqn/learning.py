@@ -50,7 +50,7 @@ class DQNAlgo:
         return self._names
 
     def loss(self, batch: Batch, update_index: int, info: dict | None = None):
-        """``(loss, td_abs)`` of ``batch``; ``info`` receives ``q_mean`` (see dqn_loss)."""
+        """``(loss, td_abs)`` of ``batch``; ``info`` receives ``q_mean`` and ``q_max`` (see dqn_loss)."""
         targets = None
         if self._targets_thread is not None:
             targets = self._targets_thread.submit(self._targets, batch, _caller_autocast(self.device)).result

@@ -47,8 +47,9 @@ def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool
     Runs under the caller's autocast; Q values are promoted to float32 before the loss.
     ``targets``: returns y (``dqn_targets`` of the same batch) when called after the online
     forward pass over s, e.g. the result of a future computing it on another thread.
-    ``info``: when given, receives ``"q_mean"``, the batch's mean Q(s, a) (a detached float32
-    scalar tensor, so reading it costs no extra device sync of its own).
+    ``info``: when given, receives ``"q_mean"`` and ``"q_max"``, the batch's mean and largest
+    Q(s, a) (detached float32 scalar tensors, so reading them costs no extra device sync of
+    their own).
     """
     q_all = online(batch.obs).float()
     q = q_all.gather(1, batch.actions.long().reshape(-1, 1)).squeeze(1)
@@ -59,6 +60,7 @@ def dqn_loss(online: nn.Module, target: nn.Module, batch: Batch, *, double: bool
     loss = (weights_or_ones(batch, per_sample) * per_sample).mean()
     if info is not None:
         info["q_mean"] = q.detach().mean()
+        info["q_max"] = q.detach().max()
     return loss, delta.detach().abs()
 
 

@@ -56,7 +56,7 @@ class TD3Algo:
         return self._all if self.policy_step(update_index) else self._critic
 
     def loss(self, batch: Batch, update_index: int, info: dict | None = None):
-        """``(loss, td_abs)`` of ``batch``; ``info`` receives ``q_mean`` (see td3_critic_loss)."""
+        """``(loss, td_abs)`` of ``batch``; ``info`` receives ``q_mean`` and ``q_max`` (see td3_critic_loss)."""
         target = cast(TD3Model, self.target.module)  # a copy of self.model
         loss, td_abs = losses.td3_critic_loss(self.model, target, batch,
                                               noise=self.cfg.target_noise,

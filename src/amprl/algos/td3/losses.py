@@ -54,7 +54,8 @@ def td3_critic_loss(model: TD3Model, target: TD3Model, batch: Batch, *, noise: f
                     info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(loss, td_abs)``: the IS-weighted twin-critic MSE (scalar, grad through
     the critics only) and |Q1(s, a) - y| ([B], float32, detached) as the new priority.
-    ``info``: when given, receives ``"q_mean"``, the batch's mean Q1(s, a) (detached)."""
+    ``info``: when given, receives ``"q_mean"`` and ``"q_max"``, the batch's mean and largest
+    Q1(s, a) (detached)."""
     y = td3_targets(target, batch, noise=noise, noise_clip=noise_clip, generator=generator)
     q1, q2 = model.q(batch.obs, batch.actions)
     d1, d2 = q1.float() - y, q2.float() - y
@@ -62,6 +63,7 @@ def td3_critic_loss(model: TD3Model, target: TD3Model, batch: Batch, *, noise: f
     loss = (w * d1.square()).mean() + (w * d2.square()).mean()
     if info is not None:
         info["q_mean"] = q1.detach().float().mean()
+        info["q_max"] = q1.detach().float().max()
     return loss, d1.detach().abs()
 
 
