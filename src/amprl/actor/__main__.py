@@ -9,6 +9,7 @@ import torch
 
 from amprl.actor.actor import Actor
 from amprl.actor.service import register
+from amprl.actor.telemetry import telemetry
 from amprl.common import cli
 from amprl.common.bootstrap import ServiceProcess, wait_for_dependencies
 from amprl.envs.factory import env_spec
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ps = ParameterClient(args.paramserver, client_id=f"actor:{actor_id}")
     actor = Actor(cfg, spec, actor_id, replay, ps)
     actor.start()
-    proc.serve(register(actor), port=args.port)
+    proc.serve(register(actor), port=args.port, telemetry=telemetry(actor))
     log.info("actor %s: epsilon %.4f, %d envs", actor_id, actor.epsilon, len(actor.envs))
     return proc.run_until_stopped(actor.run, grace_s=1.0, on_stop=actor.stop)
 

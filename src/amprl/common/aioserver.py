@@ -12,7 +12,8 @@ servicer's coroutines run on the loop; its blocking work goes to thread pools it
 
 Like ``grpcutil.create_server`` it adds health (``grpc.health.v1``, every service SERVING
 once started) and server reflection, and speaks mutual TLS, authorizing each call by its caller's role, when
-AMPRL_TLS_CERT_DIR is set. The
+AMPRL_TLS_CERT_DIR is set; every call is timed and counted for ``/metrics``
+(``amprl.common.rpcmetrics``). The
 server pings every connection (keepalive) and drops one whose peer stops answering, so the
 calls of a dead client are ended and their slots freed.
 """
@@ -29,7 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from amprl.common import authz, grpcutil, inbound
+from amprl.common import authz, grpcutil, inbound, rpcmetrics
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ class AioServer:
         guards: list[grpc.aio.ServerInterceptor] = [inbound.AsyncDecodeGuard()]
         if creds is not None:
             guards.insert(0, authz.AsyncAuthorize(grpcutil.own_identity()[0]))
-        server = grpc.aio.server(interceptors=guards,
+        # outermost: every call timed and counted, those refused by the guards too
+        server = grpc.aio.server(interceptors=[rpcmetrics.AsyncObserveCalls(), *guards],
                                  options=grpcutil.message_limits(max_message_bytes)
                                  + grpcutil.SERVER_KEEPALIVE + keepalive_options(keepalive_s))
         for add, servicer, name in register:

@@ -15,6 +15,11 @@ its readiness rule):
 
 A service that builds its own server (replay's ``grpc.aio`` one, the parameter server's
 with its pull port) hands it over with ``proc.attach(server, port)`` instead of ``serve``.
+Both take the service's ``Telemetry`` (``amprl.common.telemetry``; each service declares
+its own in ``<service>/telemetry.py``): with it the process records as it serves, on
+``/metrics`` when ``--metrics-port`` is not off (``amprl.common.metrics``) and in
+``RUN_DIR/tb/<id>/`` when it has a ``--run-dir`` and ``--tensorboard`` is on
+(``amprl.common.tensorboard``); both stop with the server.
 
 On SIGTERM or SIGINT (Kubernetes' stop, Ctrl-C) health goes NOT_SERVING; with ``drain``
 the server keeps serving ``--drain-s`` seconds more, so that readiness probes take it out
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import enum
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -34,6 +40,8 @@ from typing import Any, Callable, Iterable
 
 from amprl import errors
 from amprl.common import certs, channels, cli, grpcutil
+from amprl.common.metrics import MetricsServer
+from amprl.common.telemetry import Telemetry
 from amprl.common.supervise import ThreadDied
 from amprl.config import ExperimentConfig
 
@@ -80,6 +88,8 @@ class ServiceProcess:
         self.port = 0
         self._stop = threading.Event()
         self._again = threading.Event()  # a second signal: the drain ends early
+        self.metrics: MetricsServer | None = None
+        self.tensorboard: Any = None  # a TensorBoardWriter once recording (imported when needed)
 
     def parse(self, argv: list[str] | None) -> argparse.Namespace:
         """The base flags (``amprl.common.cli``) and those added to ``self.parser``."""
@@ -98,17 +108,44 @@ class ServiceProcess:
             raise SystemExit(2)
         return cfg
 
-    def serve(self, register: Iterable[tuple[Callable, object, str]], port: int) -> None:
+    def serve(self, register: Iterable[tuple[Callable, object, str]], port: int,
+              telemetry: Telemetry | None = None) -> None:
         """Starts this process's server for ``register``'s servicers (see
         ``grpcutil.create_server``: health SERVING, reflection) on ``--host``:``port``."""
         server, bound = grpcutil.create_server(register, host=self.args.host, port=port)
-        self.attach(server, bound)
+        self.attach(server, bound, telemetry)
 
-    def attach(self, server: Any, port: int) -> None:
-        """Makes ``server``, started on ``port``, this process's server and writes the port
-        to ``--port-file`` (a launcher waits for that file)."""
+    def attach(self, server: Any, port: int, telemetry: Telemetry | None = None) -> None:
+        """Makes ``server``, started on ``port``, this process's server, starts recording
+        ``telemetry`` (module docstring) and writes the port to ``--port-file`` (a launcher
+        waits for that file, and finds ``--metrics-port-file`` written by then)."""
         self.server, self.port = server, port
+        self._record(telemetry)
         cli.write_port_file(self.args.port_file, port)
+
+    @property
+    def instance(self) -> str:
+        """This process among its service's: ``--id`` / AMPRL_ID when given ("actor-3", a
+        pod name), else the service's name ("replay"), not the host's."""
+        given = os.environ.get("AMPRL_ID") or self.args.id != self.parser.get_default("id")
+        return str(self.args.id) if given and self.args.id else self.name
+
+    def _record(self, telemetry: Telemetry | None) -> None:
+        args = self.args
+        if getattr(args, "metrics_port", "off") != "off":
+            self.metrics = MetricsServer.start(telemetry, host=args.host, port=args.metrics_port,
+                                               instance=self.instance)
+            cli.write_port_file(args.metrics_port_file, self.metrics.port)
+        if telemetry is not None and args.run_dir and getattr(args, "tensorboard", "on") == "on":
+            from amprl.common import tensorboard
+            folder = tensorboard.run_folder(args.run_dir, self.instance)
+            self.tensorboard = tensorboard.TensorBoardWriter(telemetry, folder).start()
+
+    def record_now(self) -> None:
+        """Writes the series to TensorBoard now (the evaluator, after each evaluation);
+        nothing without a run folder."""
+        if self.tensorboard is not None:
+            self.tensorboard.write()
 
     def set_ready(self, ready: bool) -> None:
         """Readiness of a server from ``serve``: SERVING or NOT_SERVING (no effect once
@@ -170,3 +207,7 @@ class ServiceProcess:
         if on_stop is not None:
             on_stop()
         self.server.stop(grace_s).wait()
+        if self.tensorboard is not None:
+            self.tensorboard.close()  # the last point, once the worker has stopped
+        if self.metrics is not None:
+            self.metrics.stop()

@@ -23,6 +23,11 @@ environment (a flag wins over its variable):
   --log-format F       AMPRL_LOG_FORMAT          text (default) or json: one object per line
   --drain-s S          AMPRL_DRAIN_S             servers: NOT_SERVING for S seconds after
                                                  SIGTERM, then stop (default 0)
+  --metrics-port P     AMPRL_METRICS_PORT        /metrics for Prometheus (amprl.common.metrics):
+                                                 off (default), any (a free port) or a number
+  --metrics-port-file PATH                       write the bound metrics port here
+  --tensorboard M      AMPRL_TENSORBOARD         on (default): event files in RUN_DIR/tb/<id>
+                                                 when there is a --run-dir; off: none
                        AMPRL_TLS_CERT_DIR        TLS on every server and client (see
                        AMPRL_TLS_SERVER_NAME     amprl.common.grpcutil)
 """
@@ -39,6 +44,7 @@ import sys
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from amprl.common import metrics
 from amprl.config import ExperimentConfig, load_config
 from amprl.errors import ConfigError
 
@@ -68,7 +74,22 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
                    help="text lines, or one JSON object per line (for log collectors)")
     p.add_argument("--drain-s", type=float, default=float(env("AMPRL_DRAIN_S") or 0),
                    help="servers: seconds of NOT_SERVING after SIGTERM before stopping")
+    p.add_argument("--metrics-port", type=_metrics_port, default=env(metrics.PORT_ENV) or "off",
+                   metavar="off|any|PORT",
+                   help="serve /metrics (Prometheus, plain HTTP) on this port: off (default), "
+                        "any (a free port, see --metrics-port-file) or a port number")
+    p.add_argument("--metrics-port-file", default="", help="write the bound metrics port to this file")
+    p.add_argument("--tensorboard", choices=("on", "off"), default=env("AMPRL_TENSORBOARD") or "on",
+                   help="on: write TensorBoard event files to RUN_DIR/tb/<id> when there is a "
+                        "--run-dir (default); off: none (the chart: pods' run folders are small)")
     return p
+
+
+def _metrics_port(text: str) -> metrics.MetricsPort:
+    try:
+        return metrics.parse_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def redis_password() -> str:

@@ -36,7 +36,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from amprl import errors
-from amprl.common import authz, certs, inbound
+from amprl.common import authz, certs, inbound, rpcmetrics
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +128,13 @@ def server_credentials() -> grpc.ServerCredentials | None:
 
 
 def server_interceptors() -> list[grpc.ServerInterceptor]:
-    """What every synchronous server runs before its servicers: the request decode guard,
-    and with TLS on the per-RPC authorization."""
+    """What every synchronous server runs before its servicers, outermost first: the
+    per-RPC latency and status counts (``rpcmetrics``, so that a refused call is counted
+    too), with TLS on the per-RPC authorization, and the request decode guard."""
     guards: list[grpc.ServerInterceptor] = [inbound.DecodeGuard()]
     if tls_cert_dir() is not None:
         guards.insert(0, authz.Authorize(own_identity()[0]))
-    return guards
+    return [rpcmetrics.ObserveCalls(), *guards]
 
 
 def tls_server_name() -> str:

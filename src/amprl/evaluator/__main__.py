@@ -11,6 +11,7 @@ from amprl.common.bootstrap import ServiceProcess, wait_for_dependencies
 from amprl.envs.factory import env_spec
 from amprl.evaluator.evaluator import Evaluator
 from amprl.evaluator.service import register
+from amprl.evaluator.telemetry import telemetry
 from amprl.paramserver.client import ParameterClient
 
 
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         from amprl.replay import client as replay_client
         replay = replay_client.connect(args.replay)
     evaluator = Evaluator(cfg, spec, ps, replay, run_dir=args.run_dir)
-    proc.serve(register(evaluator), port=args.port or cfg.evaluator.port)
+    proc.serve(register(evaluator), port=args.port or cfg.evaluator.port, telemetry=telemetry(evaluator))
+    evaluator.on_evaluation = lambda _evaluation: proc.record_now()  # each one in TensorBoard
     return proc.run_until_stopped(evaluator.run, grace_s=2.0)
 
 

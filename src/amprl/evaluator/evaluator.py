@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -60,6 +61,9 @@ class Evaluator:
         self.rng = np.random.default_rng(base)
         self.t0 = time.monotonic()
         self._lock = threading.Lock()
+        self.on_evaluation: Callable[[telemetry_pb2.Evaluation], None] | None = None
+        """Called with each evaluation once it is recorded (``__main__`` writes it to
+        TensorBoard at once)."""
 
     @torch.no_grad()
     def _pull(self) -> bool:
@@ -105,6 +109,8 @@ class Evaluator:
                  ev.mean_return, ev.std_return, ev.episodes, ev.env_steps)
         if self.best_dir is not None and (self.best is None or ev.mean_return > self.best.mean_return):
             self._keep_best(ev)
+        if self.on_evaluation is not None:
+            self.on_evaluation(ev)
         return ev
 
     @torch.no_grad()

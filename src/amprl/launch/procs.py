@@ -6,7 +6,9 @@ output in a log file. It is stopped through that group: SIGCONT (a stopped proce
 act on a signal), SIGTERM, then SIGKILL once the grace period is over, so whatever the child
 started in its group goes with it, and nothing is ever looked up or stopped by name. A
 service reports its port in a port file (``--port-file``); ``wait_for_port`` waits for it
-and fails early, with the log's tail, when the process exits first. The CPU priorities of
+and fails early, with the log's tail, when the process exits first. A service started with
+``metrics=True`` also serves ``/metrics`` on a free port, which it writes to its metrics
+port file before its port file (``amprl.common.bootstrap``). The CPU priorities of
 ``deploy.nice`` are set here too (``set_nice``).
 """
 
@@ -35,6 +37,9 @@ class Service:
     log_path: Path
     port_file: Path | None = None
     port: int = 0
+    metrics_port_file: Path | None = None
+    metrics_port: int = 0
+    """Its ``/metrics`` port (0: none, or not read yet)."""
 
     @property
     def pid(self) -> int:
@@ -44,6 +49,11 @@ class Service:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where Prometheus scrapes it ("" when it serves no ``/metrics``)."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else ""
 
     @property
     def returncode(self) -> int | None:
@@ -103,11 +113,17 @@ def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None
 
 
 def start_service(name: str, module: str, args: list[str], log_dir: Path, env: dict | None = None,
-                  nice: int = 0) -> Service:
+                  nice: int = 0, metrics: bool = False) -> Service:
     """Starts the service ``python -m module args --port-file <log_dir>/.<name>.port``
     (``spawn``), logging to ``<log_dir>/<name>.log``, with this process's environment plus
-    ``env``, ``nice`` steps below this process's CPU priority (``set_nice``)."""
+    ``env``, ``nice`` steps below this process's CPU priority (``set_nice``); with
+    ``metrics``, serving ``/metrics`` on a free port (``--metrics-port any``), which
+    ``wait_for_port`` reads too."""
     port_file = log_dir / f".{name}.port"
+    metrics_file = log_dir / f".{name}.metrics-port"
+    if metrics:
+        metrics_file.unlink(missing_ok=True)
+        args = [*args, "--metrics-port", "any", "--metrics-port-file", str(metrics_file)]
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -117,6 +133,8 @@ def start_service(name: str, module: str, args: list[str], log_dir: Path, env: d
     svc = spawn(name, [sys.executable, "-m", module, *args, "--port-file", str(port_file)],
                 log_dir / f"{name}.log", full_env, port_file=port_file)
     set_nice(svc.pid, nice)
+    if metrics:
+        svc.metrics_port_file = metrics_file
     return svc
 
 
@@ -136,10 +154,13 @@ def read_port(svc: Service, port_file: Path, timeout_s: float = 120.0) -> int:
 
 
 def wait_for_port(svc: Service, timeout_s: float = 120.0) -> int:
-    """``read_port`` of the service's own port file; also sets ``svc.port``."""
+    """``read_port`` of the service's own port file; also sets ``svc.port`` (and
+    ``svc.metrics_port``, written before it, when it serves ``/metrics``)."""
     if svc.port_file is None:
         raise ValueError(f"{svc.name} was started without a port file")
     svc.port = read_port(svc, svc.port_file, timeout_s)
+    if svc.metrics_port_file is not None:
+        svc.metrics_port = read_port(svc, svc.metrics_port_file, timeout_s)
     return svc.port
 
 

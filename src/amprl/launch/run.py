@@ -12,7 +12,8 @@ connection is mutual TLS and each service holds only its own role's certificate
                             logs/<service>.log
                             checkpoints/      parameter server checkpoints (final one included)
                             eval.jsonl        every evaluation
-                            services.json     name -> pid, address, log of each service
+                            services.json     name -> pid, address, log, metrics (its /metrics URL)
+                            tb/<service>/     TensorBoard event files (tensorboard --logdir)
                             summary.json      solved, final_eval_return, env_steps, updates, ...
                             curves.png        eval return against env steps and wall time (amprl plot)
                             tls/              with --tls: the CA and one folder per role
@@ -158,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def start(name, module, extra=(), env=None):
             env = {**role_env(role_of_service(name)), **(env or {})}
-            svc = start_service(name, module, [*common, *extra], log_dir, env, nice=cfg.deploy.nice.of(name))
+            svc = start_service(name, module, [*common, *extra], log_dir, env, nice=cfg.deploy.nice.of(name),
+                                metrics=True)
             services.append(svc)
             return svc
 
@@ -177,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         for svc in [learner, *actors, evaluator]:
             wait_for_port(svc)
         (run_dir / "services.json").write_text(json.dumps(
-            {s.name: {"pid": s.pid, "address": s.address, "log": str(s.log_path)} for s in services}, indent=2))
+            {s.name: {"pid": s.pid, "address": s.address, "log": str(s.log_path), "metrics": s.metrics_url}
+             for s in services}, indent=2))
         progress = Progress({s.name: s.address for s in services})
         display = ProgressDisplay(progress, cfg.run, interval_s=args.progress_interval,
                                   title=f"amprl run {cfg.name}: {run_dir}")

@@ -12,6 +12,7 @@ from amprl.common.bootstrap import ServiceProcess, wait_for_dependencies
 from amprl.envs.factory import env_spec
 from amprl.learner.learner import Learner
 from amprl.learner.service import register
+from amprl.learner.telemetry import telemetry
 from amprl.paramserver.client import ParameterClient
 from amprl.replay import client as replay_client
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ps = ParameterClient(args.paramserver, client_id=f"learner:{args.id}")
     learner = Learner(cfg, spec, replay, ps, learner_id=args.id)
     learner.start()
-    proc.serve(register(learner), port=args.port or cfg.learner.port)
+    proc.serve(register(learner), port=args.port or cfg.learner.port, telemetry=telemetry(learner))
     # readiness follows replay: NOT_SERVING while the learner cannot sample
     learner.on_replay = proc.set_ready
     log.info("learner on %s (precision %s), status port %d", learner.device, cfg.learner.precision,

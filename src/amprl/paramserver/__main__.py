@@ -37,6 +37,7 @@ from amprl.config import ExperimentConfig
 from amprl.paramserver.checkpoint import CheckpointManager, PeriodicCheckpointer
 from amprl.paramserver.follower import create_follower
 from amprl.paramserver.service import build_store, create_server
+from amprl.paramserver.telemetry import telemetry
 from amprl.paramserver.weights import DEFAULT_LIVE_WINDOW_S
 
 log = logging.getLogger("amprl.paramserver")
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None,
     periodic = (PeriodicCheckpointer(ckpt, store, cfg.paramserver.checkpoint_interval_s,
                                      cfg.paramserver.checkpoint_interval_versions).start()
                 if ckpt else None)
-    proc.attach(ps.server, ps.port)
+    proc.attach(ps.server, ps.port, telemetry(ps.servicer))
 
     pull_stopped = []
 
@@ -140,7 +141,7 @@ def follow(proc: ServiceProcess, cfg: ExperimentConfig, model: nn.Module) -> int
     log.info("serving ParameterService as a pull-only follower of %s on %s:%d (%d tensors, "
              "%d parameters); NOT_SERVING until its first weights", args.follow, args.host,
              fs.port, len(fs.server.store.params), fs.server.store.num_parameters)
-    proc.attach(fs.server.server, fs.port)
+    proc.attach(fs.server.server, fs.port, telemetry(fs.server.servicer))
 
     def on_stop() -> None:
         fs.follower.stop()

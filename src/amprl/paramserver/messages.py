@@ -9,6 +9,9 @@ is its own fields serialized, followed by the already serialized CompressedTenso
 
 from __future__ import annotations
 
+import collections
+import threading
+
 import torch
 from google.protobuf import message as message_types
 
@@ -16,7 +19,7 @@ from amprl.errors import InvalidArgument
 from amprl.paramserver.admission import in_step
 from amprl.paramserver.store import ApplyResult, Step
 from amprl.v1 import paramserver_pb2, tensor_pb2
-from amprl.wire.compressed import decode, payload_bytes
+from amprl.wire.compressed import decode, encoding_name, payload_bytes
 
 PULL_ENCODINGS = {
     tensor_pb2.ENCODING_FP32: "fp32",
@@ -98,6 +101,36 @@ def push_steps(parts: list[tuple], shapes: dict[str, tuple], device: torch.devic
 def push_wire_bytes(parts: list[tuple]) -> int:
     """Bytes of tensor payload in a push (Info's gradient_bytes_received)."""
     return sum(payload_bytes(msgs) for msgs, _ in parts)
+
+
+class WireBytes:
+    """Tensor bytes on the wire by encoding, for ``/metrics``: received in pushes (each
+    tensor's data and scales, by its own encoding: a 1-bit push sends its small tensors in
+    fp32) and sent as weights (the replies of pulls as serialized, and weights returned
+    with a push)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._received: collections.Counter[str] = collections.Counter()
+        self._sent: collections.Counter[str] = collections.Counter()
+
+    def received(self, parts: list[tuple]) -> None:
+        """A push's ``push_parts``."""
+        by: collections.Counter[str] = collections.Counter()
+        for msgs, _ in parts:
+            for m in msgs:
+                by[encoding_name(m.encoding)] += len(m.data) + len(m.scales)
+        with self._lock:
+            self._received.update(by)
+
+    def sent(self, encoding: str, nbytes: int) -> None:
+        with self._lock:
+            self._sent[encoding] += nbytes
+
+    def totals(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(received, sent) by encoding name, since the start."""
+        with self._lock:
+            return dict(self._received), dict(self._sent)
 
 
 def push_id(request: paramserver_pb2.PushGradientsRequest) -> tuple | None:

@@ -32,8 +32,8 @@ from amprl.common.inbound import check_id
 from amprl.wire.compressed import encode
 from amprl.config import ExperimentConfig
 from amprl.errors import ConfigError, InvalidArgument, ResourceExhausted
-from amprl.paramserver.messages import (PULL_ENCODINGS, WEIGHTS_FIELD, pull_encoding, pull_replies,
-                                        push_id, push_parts, push_reply, push_steps,
+from amprl.paramserver.messages import (PULL_ENCODINGS, WEIGHTS_FIELD, WireBytes, pull_encoding,
+                                        pull_replies, push_id, push_parts, push_reply, push_steps,
                                         push_wire_bytes, serialized, with_tensors)
 from amprl.paramserver.store import ParameterStore, build_store
 from amprl.paramserver.weights import Snapshot, VersionedWeights
@@ -93,6 +93,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         self._encode_locks = {enc: threading.Lock() for enc in PULL_ENCODINGS}
         self._watchers = 0
         self._closing = threading.Event()
+        self.wire = WireBytes()
 
     def close(self) -> None:
         """Ends every open watch stream (call before ``server.stop``)."""
@@ -110,6 +111,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
         assert isinstance(store, ParameterStore)
         check_id("learner_id", request.learner_id)
         parts = push_parts(request)
+        self.wire.received(parts)
         try:
             steps = push_steps(parts, store.shapes, store.device)
         except InvalidArgument:
@@ -129,6 +131,7 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
                                                    store.incarnation))
             if len(encoded.replies) == 1:
                 store.count_pull(unchanged=False)
+                self.wire.sent("fp32", sum(map(len, tensors)))
                 return with_tensors(reply, WEIGHTS_FIELD, tensors)
         return reply
 
@@ -180,7 +183,9 @@ class ParameterServicer(paramserver_pb2_grpc.ParameterServiceServicer):
                                                          incarnation=incarnation)
             return
         self.store.count_pull(unchanged=False)
-        yield from self.encoded(encoding).replies
+        replies = self.encoded(encoding).replies
+        self.wire.sent(PULL_ENCODINGS[encoding], sum(map(len, replies)))
+        yield from replies
 
     # -- WatchParameters -----------------------------------------------------------------
 

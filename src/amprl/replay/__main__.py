@@ -30,6 +30,7 @@ from amprl.envs.factory import env_spec
 from amprl.envs.spec import EnvSpec
 from amprl.errors import ConfigError
 from amprl.replay.service import create_server
+from amprl.replay.telemetry import telemetry
 from amprl.replay.actors import LIVE_WINDOW_S
 
 log = logging.getLogger("amprl.replay")
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         replay = create_server(cfg, spec, redis_url, args.host, port, seed=args.seed,
                                prefix=args.prefix, live_window_s=args.live_window_s)
-        proc.attach(replay.server, replay.port)
+        proc.attach(replay.server, replay.port, telemetry(replay))
         log.info("replay ready on port %d (redis %s)", replay.port, redis_url.split("@")[-1])
         try:
             # replay dials no one over gRPC: its server re-reads a renewed certificate in place
