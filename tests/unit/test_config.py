@@ -117,3 +117,45 @@ def test_the_schema_states_the_declared_ranges_choices_and_meanings():
     assert schema["network"]["properties"]["hidden_sizes"]["items"] == {"type": "integer", "minimum": 1}
     assert schema["deploy"]["properties"]["nice"]["properties"]["actor"]["maximum"] == 19
     assert schema["replay"]["additionalProperties"] is False
+
+
+def test_env_import_and_kwargs_are_read_and_written_under_their_yaml_keys(tmp_path):
+    """``import`` is a Python keyword: the field is ``import_``, the key ``import``."""
+    path = tmp_path / "exp.yaml"
+    path.write_text("env:\n  id: Signal-v0\n  import: [mypkg.envs]\n  kwargs: {length: 10, mode: hard}\n")
+    cfg = load_config(path, ["env.kwargs.speed=1.5"])
+    assert cfg.env.import_ == ["mypkg.envs"]
+    assert cfg.env.kwargs == {"length": 10, "mode": "hard", "speed": 1.5}
+    written = config_to_dict(cfg)["env"]
+    assert written["import"] == ["mypkg.envs"] and "import_" not in written
+    dumped = tmp_path / "dumped.yaml"
+    from amprl.config import dump_config
+    dump_config(cfg, dumped)
+    assert load_config(dumped) == cfg
+    env = experiment_schema()["properties"]["env"]["properties"]
+    assert env["import"]["items"] == {"type": "string"} and env["kwargs"]["type"] == "object"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("env.import=mypkg", "env.import: expected a list, got 'mypkg'"),
+    ("env.import_=[mypkg]", "unknown key env.import_"),
+    ("env.kwargs=3", "env.kwargs: expected a mapping, got 3"),
+])
+def test_env_import_and_kwargs_errors_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("run:\n  total_env_steps: [1\n", "YAML syntax error at line 3, column 1"),
+    ("run:\n\tseed: 1\n", "YAML syntax error at line 2, column 1"),
+])
+def test_a_yaml_syntax_error_is_a_config_error_with_its_place(tmp_path, text, message):
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_a_missing_config_file_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match="config file .*nope.yaml: No such file"):
+        load_config(tmp_path / "nope.yaml")

@@ -5,7 +5,8 @@
 before any process starts. Overrides use dotted keys: ``--set learner.batch_size=64``;
 values are YAML scalars, and a key that wants a number also takes exponent notation as
 Python writes it (``1e-6``, which YAML 1.1 itself reads as a string). NaN and infinities
-are refused. A key of an earlier version gets an error saying what replaced it.
+are refused. A key of an earlier version gets an error saying what replaced it. A field
+named after a Python keyword ends in "_" and is written without it (``env.import``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ from amprl.errors import ConfigError
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)[eE][-+]?\d+")
 
 
+def yaml_key(field_name: str) -> str:
+    """The key of a dataclass field in the YAML file: its name, less the "_" that a name
+    clashing with a Python keyword ends in (``import_`` is ``import``)."""
+    return field_name[:-1] if field_name.endswith("_") else field_name
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
+    if tp is Any:  # free-form (env.kwargs' values): what the YAML says
+        return value
     origin = typing.get_origin(tp)
     if tp in (int, float) and isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
         value = float(value)
@@ -47,6 +56,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, value_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        for k in value:
+            if not isinstance(k, str):
+                raise ConfigError(f"{key}: keys must be strings, got {k!r}")
+        return {k: _coerce(v, value_tp, f"{key}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
@@ -94,14 +111,14 @@ RENAMED = {
 
 def _build(cls, data: dict, prefix: str = ""):
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    names = {yaml_key(f.name): f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
     for key in unknown:
         if prefix + key in RENAMED:
             raise ConfigError(f"{prefix}{key}: {RENAMED[prefix + key]}")
     if unknown:
         raise ConfigError(f"unknown key {prefix}{unknown[0]} (known: {', '.join(sorted(names))})")
-    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    kwargs = {names[k]: _coerce(v, hints[names[k]], prefix + k) for k, v in data.items()}
     return cls(**kwargs)
 
 
@@ -131,11 +148,11 @@ def _check_bounds(obj: Any, prefix: str) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
-            _check_bounds(value, f"{prefix}{f.name}.")
+            _check_bounds(value, f"{prefix}{yaml_key(f.name)}.")
             continue
         for bound in getattr(hints[f.name], "__metadata__", ()):
             if isinstance(bound, Bound) and value is not None and not bound.holds(value):
-                raise ConfigError(bound.error(prefix + f.name, value))
+                raise ConfigError(bound.error(prefix + yaml_key(f.name), value))
 
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -169,8 +186,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Reads a YAML experiment file (or the defaults), applies overrides, validates."""
     data: dict = {}
     if path is not None:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:  # missing, a folder, unreadable: the file and why
+            raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: {_yaml_problem(exc)}") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
     data = apply_overrides(data, list(overrides or []))
@@ -209,8 +232,19 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def config_to_dict(cfg: ExperimentConfig) -> dict:
-    """The config as plain data (what ``dump_config`` writes and ``config_from_dict`` reads)."""
-    return dataclasses.asdict(cfg)
+    """The config as plain data (what ``dump_config`` writes and ``config_from_dict`` reads),
+    keyed as in the YAML file (``yaml_key``)."""
+    return _plain(cfg)
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {yaml_key(f.name): _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from amprl.config.bounds import Bound
+from amprl.config.loading import yaml_key
 from amprl.config.sections import ExperimentConfig
 
 _SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string"}
@@ -40,6 +41,8 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _schema(tp: Any) -> dict:
+    if tp is Any:
+        return {}
     bounds = [m for m in getattr(tp, "__metadata__", ()) if isinstance(m, Bound)]
     if bounds:
         tp = typing.get_args(tp)[0]
@@ -59,6 +62,8 @@ def _schema(tp: Any) -> dict:
             if b.min_items:
                 out["minItems"] = b.min_items
         return out
+    if origin is dict:  # string keys, values as declared
+        return {"type": "object", "additionalProperties": _schema(typing.get_args(tp)[1])}
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return section_schema(tp)
     out = {"type": _SCALARS[tp]}
@@ -76,7 +81,7 @@ def section_schema(cls: type) -> dict:
         prop = _schema(hints[f.name])
         if f.name in docs:
             prop["description"] = docs[f.name]
-        props[f.name] = prop
+        props[yaml_key(f.name)] = prop
     out: dict = {"type": "object", "additionalProperties": False, "properties": props}
     if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
         out["description"] = " ".join(cls.__doc__.split())

@@ -10,7 +10,7 @@ declarations, and the chart's JSON schema for ``experiment`` is generated from t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from amprl.algos.dqn.config import DQNConfig
 from amprl.algos.td3.config import TD3Config
@@ -23,7 +23,17 @@ Nice = Annotated[int, Bound(ge=0, le=19, note="nice below the launcher's own nee
 @dataclass
 class EnvConfig:
     id: str = "CartPole-v1"
-    """Gymnasium id: classic control ("CartPole-v1"), Atari ("ALE/Pong-v5") or MuJoCo ("HalfCheetah-v5")."""
+    """Gymnasium id: classic control ("CartPole-v1"), Atari ("ALE/Pong-v5"), MuJoCo
+    ("HalfCheetah-v5"), or your own: one a module of ``import`` registers, or
+    "module:EnvId" (gymnasium's notation: that module is imported first)."""
+    # the YAML key is ``import`` (a Python keyword: config.loading.yaml_key)
+    import_: list[str] = field(default_factory=list)
+    """Modules every process imports before it looks ``id`` up, e.g. ["mypkg.envs"], whose
+    import registers your environments (``gymnasium.register``). Each must be importable
+    by every service: installed, or on PYTHONPATH (on Kubernetes: in the image)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the environment, passed to ``gymnasium.make`` in every process,
+    e.g. {continuous: true} for LunarLander-v3."""
     frame_stack: Annotated[int, Bound(ge=1)] = 1
     """Frames per observation (Atari: 4). 1 means the observation is the frame itself."""
     max_episode_steps: int = 0

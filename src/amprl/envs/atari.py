@@ -20,7 +20,7 @@ computes for a downscale), so preprocessing needs NumPy only, not opencv.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -177,8 +177,9 @@ class AtariPreprocessing(gym.Wrapper):
 def make_atari(env_id: str, *, noop_max: int = 30, frame_skip: int = 4, screen_size: int = 84,
                terminal_on_life_loss: bool = False, clip_rewards: bool = False,
                sticky_action_prob: float = 0.25, max_episode_steps: int = 0,
-               render_mode: str | None = None) -> gym.Env:
+               render_mode: str | None = None, **kwargs: Any) -> gym.Env:
     """An ALE v5 game (``"ALE/Pong-v5"``) with the DQN preprocessing; see the module doc.
+    ``kwargs`` go to ``gymnasium.make`` (``env.kwargs``: ``mode``, ``difficulty``, ...).
 
     ``max_episode_steps`` counts agent steps (0 = the v5 limit of 108,000 frames, 30 min).
     ``render_mode`` "rgb_array" renders the emulator's colour screen (210x160), not the
@@ -191,7 +192,7 @@ def make_atari(env_id: str, *, noop_max: int = 30, frame_skip: int = 4, screen_s
     env = gym.make(env_id, frameskip=1, repeat_action_probability=sticky_action_prob,
                    obs_type="grayscale", full_action_space=False,
                    max_num_frames_per_episode=max_frames, disable_env_checker=True,
-                   render_mode=render_mode)
+                   render_mode=render_mode, **kwargs)
     return AtariPreprocessing(env, noop_max=noop_max, frame_skip=frame_skip,
                               screen_size=screen_size,
                               terminal_on_life_loss=terminal_on_life_loss,

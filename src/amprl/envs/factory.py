@@ -2,9 +2,10 @@
 
 Classic control and MuJoCo come from gymnasium (MuJoCo needs the ``mujoco`` package),
 Atari from ale-py (``ALE/<Game>-v5``, preprocessed by ``amprl.envs.atari``). Your own
-environment is ``module:EnvId``, gymnasium's own notation: the module is imported (it
-registers ``EnvId`` with ``gymnasium.register``) in every process that builds the env, so it
-must be importable there (installed, or on PYTHONPATH). ``check_env_id`` fails with a clear
+environment is registered by a module of yours (``gymnasium.register``), which every
+process that builds the env imports first: one named in ``env.import``, or the ``module`` of
+``module:EnvId`` (gymnasium's own notation); it must be importable there (installed, or on
+PYTHONPATH). ``env.kwargs`` go to ``gymnasium.make``. ``check_env_id`` fails with a clear
 message before any process starts.
 """
 
@@ -41,6 +42,20 @@ def registered_id(env_id: str) -> str:
     return name
 
 
+def import_env_modules(cfg: EnvConfig) -> None:
+    """Imports the modules of ``env.import`` (each registers environments as it is
+    imported); ConfigError naming the one that fails."""
+    for module in cfg.import_:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"env.import: cannot import {module!r} ({exc}); it must be "
+                              f"importable in every process (installed, or on PYTHONPATH)") from None
+        except Exception as exc:  # noqa: BLE001 - the module's own error, named; --debug shows it
+            raise ConfigError(f"env.import: importing {module!r} failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+
 def suite(env_id: str) -> str:
     """"atari" for ALE ids, "mujoco" for gymnasium's MuJoCo tasks, else "gymnasium"."""
     if env_id.startswith("ALE/"):
@@ -53,7 +68,9 @@ def suite(env_id: str) -> str:
 
 
 def check_env_id(cfg: EnvConfig) -> None:
-    """Raises ConfigError if ``cfg.id`` is unknown or its suite's package is missing."""
+    """Raises ConfigError if ``cfg.id`` is unknown or its suite's package is missing (after
+    importing the modules of ``cfg.import_``)."""
+    import_env_modules(cfg)
     kind = suite(cfg.id)
     if kind == "atari":
         try:
@@ -92,14 +109,22 @@ def make_env(cfg: EnvConfig, seed: int | None = None, *, training: bool = True,
                          terminal_on_life_loss=training and cfg.atari_terminal_on_life_loss,
                          clip_rewards=training and cfg.atari_clip_rewards,
                          sticky_action_prob=cfg.atari_sticky_action_prob,
-                         max_episode_steps=cfg.max_episode_steps, render_mode=render_mode)
+                         max_episode_steps=cfg.max_episode_steps, render_mode=render_mode,
+                         **cfg.kwargs)
     else:
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(cfg.kwargs)
         if render_mode is not None:  # only then: an env of your own may not take the argument
             kwargs["render_mode"] = render_mode
         if cfg.max_episode_steps:
             kwargs["max_episode_steps"] = cfg.max_episode_steps
-        env = gym.make(registered_id(cfg.id), **kwargs)
+        try:
+            env = gym.make(registered_id(cfg.id), **kwargs)
+        except TypeError as exc:  # an argument the environment does not take
+            if not cfg.kwargs:
+                raise
+            # gymnasium appends the id and the kwargs, which the message names already
+            problem = str(exc).split(" was raised from the environment creator")[0]
+            raise ConfigError(f"env.kwargs: {cfg.id!r} refused {cfg.kwargs}: {problem}") from exc
         space = env.observation_space
         if isinstance(space, gym.spaces.Box) and space.dtype == np.float64:
             # MuJoCo observes float64; every service agrees on float32 frames (EnvSpec)

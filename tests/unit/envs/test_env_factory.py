@@ -125,3 +125,66 @@ def test_an_own_environment_whose_module_is_missing_is_a_clear_error():
     cfg = load_config(None, ["env.id=no_such_amprl_module:Thing-v0"]).env
     with pytest.raises(ConfigError, match="cannot import 'no_such_amprl_module'.*PYTHONPATH"):
         check_env_id(cfg)
+
+
+ENV_MODULE = '''
+import gymnasium as gym
+import numpy as np
+
+class Countdown(gym.Env):
+    """Ends after ``length`` steps; observes the steps left."""
+    def __init__(self, length=100):
+        self.length = length
+        self.observation_space = gym.spaces.Box(0, 1e6, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.left = self.length
+        return np.array([self.left], np.float32), {}
+    def step(self, action):
+        self.left -= 1
+        return np.array([self.left], np.float32), 1.0, False, self.left <= 0, {}
+
+gym.register("{env_id}", entry_point=Countdown)
+'''
+
+
+def write_env_module(tmp_path, monkeypatch, module: str, env_id: str) -> None:
+    """A module of the user's own on sys.path that registers ``env_id`` when imported."""
+    (tmp_path / f"{module}.py").write_text(ENV_MODULE.replace("{env_id}", env_id))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def episode_length(env) -> int:
+    env.reset(seed=0)
+    steps, done = 0, False
+    while not done:
+        _, _, terminated, truncated, _ = env.step(0)
+        steps, done = steps + 1, terminated or truncated
+    return steps
+
+
+def test_env_import_registers_the_id_and_env_kwargs_reach_the_env(tmp_path, monkeypatch):
+    write_env_module(tmp_path, monkeypatch, "user_envs_a", "CountdownA-v0")
+    cfg = EnvConfig(id="CountdownA-v0", import_=["user_envs_a"], kwargs={"length": 3})
+    check_env_id(cfg)
+    assert env_spec(cfg).num_actions == 2
+    assert episode_length(make_env(cfg)) == 3
+    assert episode_length(make_env(EnvConfig(id="CountdownA-v0", import_=["user_envs_a"]))) == 100
+
+
+def test_a_module_colon_id_imports_its_module(tmp_path, monkeypatch):
+    write_env_module(tmp_path, monkeypatch, "user_envs_b", "CountdownB-v0")
+    cfg = EnvConfig(id="user_envs_b:CountdownB-v0", kwargs={"length": 5})
+    assert episode_length(make_env(cfg)) == 5
+
+
+def test_env_import_and_kwargs_mistakes_are_config_errors_naming_them(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="env.import: cannot import 'no_such_module_xyz'"):
+        check_env_id(EnvConfig(id="CartPole-v1", import_=["no_such_module_xyz"]))
+    (tmp_path / "broken_envs.py").write_text("raise RuntimeError('no licence for the simulator')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="importing 'broken_envs' failed: RuntimeError: no licence"):
+        check_env_id(EnvConfig(id="CartPole-v1", import_=["broken_envs"]))
+    with pytest.raises(ConfigError, match=r"env.kwargs: 'CartPole-v1' refused \{'colour': 'red'\}"):
+        make_env(EnvConfig(id="CartPole-v1", kwargs={"colour": "red"}))
