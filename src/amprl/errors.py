@@ -35,5 +35,11 @@ class Unavailable(AmprlError, ConnectionError):
     """The service could not be reached (after retries)."""
 
 
-class ConfigError(AmprlError, ValueError):
+class UsageError(AmprlError):
+    """A mistake of the person running a command (a missing file, a bad config, a service
+    that cannot start with the settings given): ``amprl`` prints the message as one line
+    and exits with status 2, with the traceback only under ``--debug`` (``amprl.cli``)."""
+
+
+class ConfigError(UsageError, ValueError):
     """An experiment config has an unknown key or a bad value; the message names the key."""

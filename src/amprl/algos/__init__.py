@@ -19,11 +19,12 @@ imports first.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, cast
 
 import amprl.config  # noqa: F401  (first: see above)
 from amprl.algos.dqn.config import DQNConfig
 from amprl.algos.td3.config import TD3Config
+from amprl.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,12 +54,26 @@ class Entry(NamedTuple):
     """The config section's dataclass; its key in the experiment YAML is the algorithm's name."""
     builder: str
     """The module of the algorithm's ``Builder`` (imported on first use: it needs torch)."""
+    actions: Literal["discrete", "continuous"]
+    """The action space it acts in (``check_action_space``)."""
 
 
 ALGOS: dict[str, Entry] = {
-    "dqn": Entry(DQNConfig, "amprl.algos.dqn.builder"),
-    "td3": Entry(TD3Config, "amprl.algos.td3.builder"),
+    "dqn": Entry(DQNConfig, "amprl.algos.dqn.builder", "discrete"),
+    "td3": Entry(TD3Config, "amprl.algos.td3.builder", "continuous"),
 }
+
+
+def check_action_space(algo: str, spec: EnvSpec, env_id: str = "") -> None:
+    """ConfigError, naming an algorithm that fits, where ``algo`` cannot act in the action
+    space of ``spec`` (the environment ``env_id``)."""
+    wants = ALGOS[algo].actions
+    has = "discrete" if spec.discrete else "continuous"
+    if wants != has:
+        fits = [name for name, entry in ALGOS.items() if entry.actions == has]
+        env = f"env.id {env_id!r}" if env_id else "the environment"
+        raise ConfigError(f"algo: {algo} needs a {wants} action space, and {env} has {has} "
+                          f"actions" + (f"; use algo: {fits[0]}" if fits else ""))
 
 
 def builder(name: str) -> Builder:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from amprl.algos import check_action_space
 from amprl.config import ExperimentConfig
 from amprl.envs.spec import EnvSpec
 from amprl.rl.networks import MLPTrunk, NatureTrunk, is_image_spec, mlp
@@ -46,9 +47,7 @@ def build_network(cfg: ExperimentConfig, spec: EnvSpec) -> QNetwork:
     stack) or an MLP trunk (``network.hidden_sizes``) over the flattened observation;
     dueling when ``network.dueling``."""
     frame_shape = tuple(spec.frame_shape)
-    if not spec.discrete:
-        raise ValueError("algo dqn needs a discrete action space; use algo td3 for "
-                         "continuous actions")
+    check_action_space("dqn", spec)
     if is_image_spec(spec):
         trunk: nn.Module = NatureTrunk(spec.frame_stack, *frame_shape)
         return QNetwork(trunk, spec.num_actions, dueling=cfg.network.dueling, head_hidden=512)

@@ -8,6 +8,7 @@ import math
 import torch
 from torch import nn
 
+from amprl.algos import check_action_space
 from amprl.config import ExperimentConfig
 from amprl.envs.spec import EnvSpec
 from amprl.rl.networks import mlp, to_float
@@ -87,8 +88,7 @@ class TD3Model(nn.Module):
 def build_network(cfg: ExperimentConfig, spec: EnvSpec) -> TD3Model:
     """A TD3Model for ``spec`` with ``td3.hidden_sizes`` layers."""
     frame_shape = tuple(spec.frame_shape)
-    if spec.discrete:
-        raise ValueError("algo td3 needs a continuous (Box) action space")
+    check_action_space("td3", spec)
     if len(frame_shape) != 1:
         raise ValueError(f"unsupported frame shape {frame_shape}: TD3 takes vector "
                          f"observations")
