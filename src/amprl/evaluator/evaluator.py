@@ -9,7 +9,9 @@ With a run folder it also keeps the best-scoring weights so far in ``RUN/best/``
 weights_only=True)``), ``config.yaml`` (what rebuilds the network:
 ``amprl.algos.build_model``) and ``best.json`` (the evaluation, and which weights file it
 scored), written last and atomically, so a reader never pairs a record with other weights.
-A run that goes on past its best moment still has it.
+A run that goes on past its best moment still has it. An evaluator started on a folder that
+has them already (``amprl run --resume``) goes on with them: its wall time from the last
+evaluation's, the best replaced only by a better one.
 """
 
 from __future__ import annotations
@@ -64,6 +66,23 @@ class Evaluator:
         self.on_evaluation: Callable[[telemetry_pb2.Evaluation], None] | None = None
         """Called with each evaluation once it is recorded (``__main__`` writes it to
         TensorBoard at once)."""
+        if run_dir:
+            self._continue_history()
+
+    def _continue_history(self) -> None:
+        """Takes up a run folder's earlier evaluations (module docstring)."""
+        assert self.history_path is not None and self.best_dir is not None
+        try:
+            last = json.loads(self.history_path.read_text().splitlines()[-1])
+            self.t0 -= float(last["wall_seconds"])
+        except (OSError, IndexError, ValueError, KeyError):
+            pass  # a new run (or an unreadable last line: the clock starts at 0)
+        try:
+            best = json.loads((self.best_dir / "best.json").read_text())
+            self.best = telemetry_pb2.Evaluation(param_version=int(best["param_version"]),
+                                                 mean_return=float(best["mean_return"]))
+        except (OSError, ValueError, KeyError):
+            pass
 
     @torch.no_grad()
     def _pull(self) -> bool:

@@ -4,7 +4,9 @@ Starts an embedded Redis (a real redis-server), then replay, parameter server, l
 ``actor.num_actors`` actors and the evaluator, each as its own OS process talking gRPC on
 loopback; shows live progress (``amprl.launch.progress``: in place on a terminal, a line
 a second otherwise); stops at the target eval return, the step budget, the wall
-limit, Ctrl-C, or when any service dies (whose log tail is shown). With ``--tls`` every
+limit, Ctrl-C, or when any service dies (whose log tail is shown). ``--resume RUN_DIR``
+goes on with a stopped run, ``--init-from RUN_DIR`` starts from another run's weights
+(``amprl.launch.resume``). With ``--tls`` every
 connection is mutual TLS and each service holds only its own role's certificate
 (``amprl.common.certs``). Writes the run folder:
 
@@ -32,11 +34,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from amprl import errors
-from amprl.config import ExperimentConfig, dump_config, load_config, packaged_configs, resolve_config
-from amprl.envs.factory import check_env_id
-from amprl.launch.procs import Service, set_nice, start_service, stop_services, wait_for_port
+from amprl.cli import debug
+from amprl.config import ExperimentConfig, dump_config, packaged_configs
+from amprl.launch import resume
+from amprl.launch.procs import Service, set_nice, start_service, stop_services
 from amprl.launch.progress import Progress, ProgressDisplay, role_of_service
+from amprl.launch.startup import check_experiment, wait_started
 
 log = logging.getLogger("amprl.run")
 
@@ -60,6 +63,7 @@ def parse_args(argv):
                         "in <run folder>/tls (or taken from --certs)")
     p.add_argument("--certs", default="", metavar="DIR",
                    help="with --tls: role certificates from `amprl certs DIR` instead of new ones")
+    resume.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -107,13 +111,12 @@ def evaluate_final_policy(services: list[Service], learner: Service, evaluator: 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level="INFO", format="%(asctime)s run %(levelname)s: %(message)s")
-    try:
-        cfg = load_config(resolve_config(args.config), args.overrides)
-        check_env_id(cfg.env)
-    except errors.ConfigError as exc:
-        print(f"amprl run: config error: {exc}", file=sys.stderr)
-        return 2
+    # stderr is for problems (a mistake is one line: amprl.cli); --debug adds the INFO lines
+    logging.basicConfig(level="INFO" if debug() else "WARNING",
+                        format="%(asctime)s run %(levelname)s: %(message)s")
+    cfg = resume.run_config(args, DEFAULT_CONFIG)  # ConfigError: one line, exit 2 (amprl.cli)
+    check_experiment(cfg)
+    previous = resume.previous_summary(args)
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.run.run_dir) / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir = run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -168,16 +171,16 @@ def main(argv: list[str] | None = None) -> int:
                        env={"AMPRL_REDIS_USERNAME": replay_user.name,
                             "AMPRL_REDIS_PASSWORD": replay_user.password,
                             "AMPRL_REDIS_PREFIX": replay_user.prefix} if redis is not None else None)
-        ps = start("paramserver", "amprl.paramserver")
-        wait_for_port(replay)
-        wait_for_port(ps)
+        ps = start("paramserver", "amprl.paramserver", resume.paramserver_args(args, run_dir))
+        wait_started(replay)
+        wait_started(ps)
         addrs = ["--replay", replay.address, "--paramserver", ps.address]
         learner = start("learner", "amprl.learner", [*addrs, "--id", "learner-0"])
         actors = [start(f"actor-{i}", "amprl.actor", [*addrs, "--id", f"actor-{i}"])
                   for i in range(cfg.actor.num_actors)]
         evaluator = start("evaluator", "amprl.evaluator", [*addrs, "--id", "evaluator"])
         for svc in [learner, *actors, evaluator]:
-            wait_for_port(svc)
+            wait_started(svc)
         (run_dir / "services.json").write_text(json.dumps(
             {s.name: {"pid": s.pid, "address": s.address, "log": str(s.log_path), "metrics": s.metrics_url}
              for s in services}, indent=2))
@@ -220,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             "final_eval_std": evals[-1].std_return if evals else None,
             "best_eval_return": max((e.mean_return for e in evals), default=None),
             "env_steps": progress.env_steps, "updates": progress.updates,
+            "replay_size": progress.replay_size,
             # the learner's mean Q(s, a) over its last 50 updates (see LearnerStats.q_mean)
             "learner_q_mean": round(progress.q_mean, 3),
             "param_version": progress.version, "wall_seconds": round(wall, 2),
@@ -248,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     if failure:
         print(f"amprl run: {failure}", file=sys.stderr, flush=True)
     if summary:
+        if previous is not None:  # resumed: the summary covers the whole run
+            summary = resume.whole_run(summary, previous, run_dir, cfg.run.target_return)
         best = run_dir / "best" / "best.json"  # the evaluator's best-scoring weights
         if best.exists():
             record = json.loads(best.read_text())

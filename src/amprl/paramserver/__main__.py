@@ -18,6 +18,11 @@ Besides the base flags (``amprl.common.cli``):
                                                optimizer, no checkpoints, pushes
                                                PERMISSION_DENIED; serves Pull, Watch and
                                                Info on --port (``amprl.paramserver.follower``)
+  --init-weights PATH    AMPRL_INIT_WEIGHTS    start from these weights (a state dict such as
+                                               RUN/best/weights-v*.pt, or a checkpoint file)
+                                               with a new optimizer at version 0, when the
+                                               checkpoint folder holds none (amprl run
+                                               --init-from)
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from torch import nn
 from amprl.common import cli
 from amprl.common.bootstrap import Renewal, ServiceProcess
 from amprl.config import ExperimentConfig
-from amprl.paramserver.checkpoint import CheckpointManager, PeriodicCheckpointer
+from amprl.errors import ConfigError
+from amprl.paramserver.checkpoint import CheckpointManager, PeriodicCheckpointer, read_weights
 from amprl.paramserver.follower import create_follower
 from amprl.paramserver.service import build_store, create_server
 from amprl.paramserver.telemetry import telemetry
@@ -57,6 +63,17 @@ def checkpoint_dir(cfg: ExperimentConfig, run_dir: str) -> Path:
     return base / "checkpoints"
 
 
+def init_weights(model: nn.Module, path: str) -> None:
+    """Loads the weights in ``path`` into ``model``; ConfigError if they are another
+    network's."""
+    try:
+        model.load_state_dict(read_weights(path))
+    except RuntimeError as exc:  # missing, unexpected or differently shaped parameters
+        problem = " ".join(str(exc).split())
+        raise ConfigError(f"--init-weights {path}: not this config's network ({problem[:300]})") from exc
+    log.info("initial weights from %s", path)
+
+
 def main(argv: list[str] | None = None,
          model_factory: Callable[[ExperimentConfig], nn.Module] | None = None) -> int:
     """Entry point. ``model_factory`` replaces ``build_model`` (tests use tiny models)."""
@@ -76,6 +93,9 @@ def main(argv: list[str] | None = None,
                         help="a client counts as live in Info if it called within this many seconds")
     parser.add_argument("--follow", default=env("AMPRL_FOLLOW", ""), metavar="ADDRESS",
                         help="serve as a pull-only follower of the parameter server at ADDRESS")
+    parser.add_argument("--init-weights", default=env("AMPRL_INIT_WEIGHTS", ""), metavar="PATH",
+                        help="start from these weights (state dict or checkpoint file) when "
+                             "there is no checkpoint to resume")
     args = proc.parse(argv)
     if args.follow and args.pull_port >= 0:
         parser.error("--pull-port: a follower serves only reads, on --port; drop --pull-port "
@@ -87,6 +107,8 @@ def main(argv: list[str] | None = None,
     model = (model_factory or default_model)(cfg)
     if args.follow:
         return follow(proc, cfg, model)
+    if args.init_weights:  # a checkpoint of this run, restored below, wins over them
+        init_weights(model, args.init_weights)
     store = build_store(cfg, model, live_window_s=args.live_window_s)
     ckpt = None
     if cfg.paramserver.checkpoint_interval_s > 0 or cfg.paramserver.checkpoint_interval_versions > 0:

@@ -141,6 +141,27 @@ class CheckpointManager:
         return None
 
 
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The fp32 weights, by parameter name, in a checkpoint file or a state-dict file
+    (``RUN/best/weights-v*.pt``; ``torch.load(weights_only=True)``); ConfigError naming
+    the file if it is neither."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            is_checkpoint = f.read(len(MAGIC)) == MAGIC
+        if is_checkpoint:
+            state = CheckpointManager.read(path)
+            return {n: state["params"][n].float() for n in state["names"]}
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, InvalidArgument) as exc:
+        raise ConfigError(f"{path}: cannot read weights ({exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - whatever torch.load raises on a foreign file
+        raise ConfigError(f"{path}: not a state dict nor a checkpoint ({exc})") from exc
+    if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+        raise ConfigError(f"{path}: not a state dict of tensors")
+    return {n: t.float() for n, t in weights.items()}
+
+
 class PeriodicCheckpointer:
     """A daemon thread that saves every ``interval_s`` seconds, or as soon as
     ``interval_versions`` versions were applied since the last save (whichever comes

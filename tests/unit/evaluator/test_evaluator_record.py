@@ -89,3 +89,28 @@ def test_without_a_run_folder_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ev.evaluate_once()
     assert ev.best_dir is None and not list(tmp_path.iterdir())
+
+
+def test_on_a_folder_with_history_it_goes_on_with_its_clock_and_its_best(tmp_path, monkeypatch):
+    """amprl run --resume: the wall time goes on from the last record, and the best is
+    replaced only by a better evaluation."""
+    cfg = load_config(None, ["network.hidden_sizes=[8]", "evaluator.episodes=2"])
+    spec = env_spec(cfg.env)
+    by_version = {v: {n: p.detach().clone() for n, p in build_model(cfg, spec).named_parameters()}
+                  for v in (1, 2, 3)}
+    first = Evaluator(cfg, spec, TwoVersionsPS(by_version), replay=None, run_dir=str(tmp_path))
+    monkeypatch.setattr(evaluator_mod, "run_episodes", lambda *a, **k: [50.0, 50.0])
+    first.evaluate_once()
+    history = (tmp_path / "eval.jsonl").read_text().splitlines()
+    (tmp_path / "eval.jsonl").write_text(  # as if the first life had lasted 100 s
+        json.dumps({**json.loads(history[0]), "wall_seconds": 100.0}) + "\n")
+
+    again = Evaluator(cfg, spec, TwoVersionsPS(by_version), replay=None, run_dir=str(tmp_path))
+    scores = iter([[10.0, 10.0], [70.0, 70.0]])
+    monkeypatch.setattr(evaluator_mod, "run_episodes", lambda *a, **k: next(scores))
+    worse = again.evaluate_once()
+    assert worse.wall_seconds >= 100.0
+    assert json.loads((tmp_path / "best" / "best.json").read_text())["mean_return"] == 50.0
+    again.evaluate_once()
+    assert json.loads((tmp_path / "best" / "best.json").read_text())["mean_return"] == 70.0
+    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 3
