@@ -44,7 +44,8 @@ VALUE_SETS: dict[str, dict] = {
     },
     "paramserver-followers": {"paramserver": {"followers": {"replicas": 3}}},
     # The production setting: digests pinned, mutual TLS from cert-manager, an existing
-    # Redis secret, GPU learner, pull-only followers serving the fleet.
+    # Redis secret, GPU learner, pull-only followers serving the fleet, the Prometheus
+    # Operator's ServiceMonitor and the Grafana dashboard.
     "pinned": {
         "image": {"cpu": {"digest": _DIGEST}, "cuda": {"digest": _DIGEST}},
         "redis": {"image": {"digest": _DIGEST},
@@ -52,6 +53,8 @@ VALUE_SETS: dict[str, dict] = {
         "tls": {"enabled": True, "certManager": {"enabled": True, "issuerRef": {"name": "amprl-ca"}}},
         "learner": {"gpu": 1},
         "paramserver": {"followers": {"replicas": 2}},
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+                    "grafanaDashboard": {"enabled": True}},
     },
 }
 

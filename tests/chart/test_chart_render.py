@@ -18,8 +18,9 @@ KUBE_VERSIONS = ("1.28.0", "1.37.0")
 WORKLOADS = ("Deployment", "StatefulSet")
 # Custom resources: kubernetes-validate ships the core API's schemas only, so strict
 # validation skips these kinds by name (an unknown kind otherwise fails);
-# test_chart_tls.py checks the Certificates' shape against cert-manager's v1 API instead.
-CRD_KINDS = {("cert-manager.io/v1", "Certificate")}
+# test_chart_tls.py checks the Certificates' shape against cert-manager's v1 API instead,
+# test_chart_metrics.py the ServiceMonitor's against the Prometheus Operator's.
+CRD_KINDS = {("cert-manager.io/v1", "Certificate"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
 LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
           "app.kubernetes.io/component", "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of")
 
@@ -298,6 +299,7 @@ def test_notes_print_the_next_commands(rendered):
 
 
 _OPAQUE = re.compile(r"^(experiment|podSecurityContext|containerSecurityContext|networkPolicy\.dns"
+                     r"|metrics\.scraper|metrics\.grafanaDashboard\.labels"
                      r"|([a-z]+\.)+resources|([a-z]+\.)+(nodeSelector|tolerations|affinity))\.")
 
 

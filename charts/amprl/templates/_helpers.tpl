@@ -230,9 +230,50 @@ spec:
 {{- if and .Values.tls.enabled .Values.tls.certManager.enabled -}}true{{- end -}}
 {{- end -}}
 
-{{/* Pod-template annotations: roll pods when the experiment config changes. */}}
+{{/*
+Pod-template annotations of the AMP-RL workloads: roll pods when the experiment config
+changes; with metrics.enabled, where annotation-based Prometheus configs scrape them.
+*/}}
 {{- define "amprl.podAnnotations" -}}
 checksum/experiment: {{ toYaml .Values.experiment | sha256sum }}
+{{- if .Values.metrics.enabled }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.metrics.port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end -}}
+
+{{/*
+The "metrics" container port of an AMP-RL container (metrics.enabled); "" if off. A
+metrics.port equal to one of the gRPC ports fails the render.
+*/}}
+{{- define "amprl.metricsContainerPort" -}}
+{{- if .Values.metrics.enabled }}
+{{- $v := .Values }}
+{{- range $key, $port := dict "actor.port" $v.actor.port "learner.port" $v.learner.port "evaluator.port" $v.evaluator.port "replay.port" $v.replay.port "paramserver.port" $v.paramserver.port "paramserver.pullPort" $v.paramserver.pullPort }}
+{{- if eq (int $port) (int $v.metrics.port) }}
+{{- fail (printf "metrics.port (%d) must differ from %s: a container serves gRPC and /metrics on separate ports" (int $v.metrics.port) $key) }}
+{{- end }}
+{{- end }}
+- name: metrics
+  containerPort: {{ .Values.metrics.port }}
+  protocol: TCP
+{{- end }}
+{{- end -}}
+
+{{/* The "metrics" port of an AMP-RL Service (what a ServiceMonitor scrapes); "" if off. */}}
+{{- define "amprl.metricsServicePort" -}}
+{{- if .Values.metrics.enabled }}
+- name: metrics
+  port: {{ .Values.metrics.port }}
+  targetPort: metrics
+  protocol: TCP
+{{- end }}
+{{- end -}}
+
+{{/* The components that serve /metrics: every AMP-RL service, not Redis. */}}
+{{- define "amprl.metricsComponents" -}}
+actor learner evaluator replay paramserver paramserver-follower
 {{- end -}}
 
 {{/* Env every AMP-RL service gets; call with (dict "ctx" $ "port" 50051). */}}
@@ -253,6 +294,13 @@ checksum/experiment: {{ toYaml .Values.experiment | sha256sum }}
 {{- end }}
 - name: AMPRL_RUN_DIR
   value: /var/lib/amprl
+{{- if .ctx.Values.metrics.enabled }}
+- name: AMPRL_METRICS_PORT
+  value: {{ .ctx.Values.metrics.port | quote }}
+{{- end }}
+# Prometheus is a cluster's record; event files would only fill the pods' run folders.
+- name: AMPRL_TENSORBOARD
+  value: "off"
 - name: HOME
   value: /tmp
 {{- if .ctx.Values.tls.enabled }}
