@@ -1,7 +1,10 @@
 """The images, checked without a Docker engine: hadolint (the real binary) and checkov's
 dockerfile framework find nothing, the Dockerfiles keep the promises the chart relies on
 (pinned bases, a non-root numeric uid >= 10000, no build tools in the runtime stage, the
-`amprl` entry point, a HEALTHCHECK), and that health check works against a real server."""
+`amprl` entry point, a HEALTHCHECK), take their base and package source as build
+arguments, carry the one version of package and chart, `docker/build.sh` picks whichever
+builder is there, and the health check works against a real server. Building and running
+the image for real is `make image-check` (docker/check_image.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import sys
 import tomllib
 
 import pytest
+import yaml
 
 from chart_tools import ROOT, hadolint_binary, run_checkov
 
@@ -33,12 +37,28 @@ def _instructions(path):
 
 
 def _stages(path):
+    """The instructions of each stage; global ARGs (before the first FROM) are left out."""
     stages = []
     for word, arg in _instructions(path):
         if word == "FROM":
             stages.append([])
-        stages[-1].append((word, arg))
+        if stages:
+            stages[-1].append((word, arg))
     return stages
+
+
+def _arg_defaults(path):
+    """Every ARG's default, global and per stage (a name means one thing in our files)."""
+    return dict(a.split("=", 1) for w, a in _instructions(path) if w == "ARG" and "=" in a)
+
+
+def _resolve(text, defaults):
+    """${NAME} and $NAME replaced by the ARG defaults: what a build without --build-arg sees."""
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: defaults.get(m.group(1), m.group(0)), text)
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
 @pytest.mark.parametrize("flavour", sorted(DOCKERFILES))
@@ -65,9 +85,11 @@ def test_checkov_dockerfile_checks_pass():
 @pytest.mark.parametrize("flavour", sorted(DOCKERFILES))
 def test_dockerfile_is_multi_stage_pinned_non_root_and_lean(flavour):
     stages = _stages(DOCKERFILES[flavour])
+    defaults = _arg_defaults(DOCKERFILES[flavour])
     assert len(stages) >= 2, "multi-stage: build, then runtime"
-    for stage in stages:
-        base = stage[0][1].split()[0]
+    bases = {_resolve(stage[0][1].split()[0], defaults) for stage in stages}
+    assert len(bases) == 1, f"the runtime must run the Python the build stage built for: {bases}"
+    for base in bases:
         assert re.search(r":[\w.-]+@sha256:[0-9a-f]{64}$", base), f"unpinned base {base}"
     runtime = stages[-1]
     words = [w for w, _ in runtime]
@@ -86,12 +108,55 @@ def test_dockerfile_is_multi_stage_pinned_non_root_and_lean(flavour):
 
 
 def test_cpu_image_takes_the_pinned_torch_from_the_cpu_index():
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    torch_pin = next(d for d in deps if d.startswith("torch=="))
-    runs = " ".join(a for w, a in _instructions(DOCKERFILES["cpu"]) if w == "RUN")
-    assert f"--index-url https://download.pytorch.org/whl/cpu {torch_pin}" in runs
+    torch_pin = next(d for d in _pyproject()["dependencies"] if d.startswith("torch=="))
+    defaults = _arg_defaults(DOCKERFILES["cpu"])
+    runs = _resolve(" ".join(a for w, a in _instructions(DOCKERFILES["cpu"]) if w == "RUN"), defaults)
+    assert f'--index-url "https://download.pytorch.org/whl/cpu" {torch_pin}' in runs
     cuda_runs = " ".join(a for w, a in _instructions(DOCKERFILES["cuda"]) if w == "RUN")
-    assert "whl/cpu" not in cuda_runs
+    assert "whl/cpu" not in cuda_runs and "TORCH_INDEX_URL" not in _arg_defaults(DOCKERFILES["cuda"])
+
+
+@pytest.mark.parametrize("flavour", sorted(DOCKERFILES))
+def test_base_and_package_source_are_build_arguments_with_public_defaults(flavour):
+    """Users build from the pinned public base and the public indexes; an offline build
+    overrides BASE_IMAGE, WHEELHOUSE and PIP_NO_INDEX=1, and none of it reaches the runtime."""
+    defaults = _arg_defaults(DOCKERFILES[flavour])
+    assert defaults["BASE_IMAGE"].startswith("docker.io/library/python:3.11-slim-bookworm@sha256:")
+    assert defaults["PIP_INDEX_URL"] == "https://pypi.org/simple"
+    assert defaults["PIP_NO_INDEX"] == "0"
+    assert defaults["WHEELHOUSE"] == "docker/wheelhouse"
+    build, *_, runtime = _stages(DOCKERFILES[flavour])
+    assert build[0][1].split()[0] == runtime[0][1].split()[0] == "${BASE_IMAGE}"
+    assert ("COPY", "${WHEELHOUSE} /wheelhouse") in build
+    assert "PIP_FIND_LINKS=/wheelhouse" in dict(build)["ENV"]
+    runtime_args = {a.split("=")[0] for w, a in runtime if w == "ARG"}
+    assert runtime_args == {"VERSION", "REVISION"}, "package sources stay in the build stage"
+    assert not any("wheelhouse" in a for w, a in runtime if w in ("COPY", "ADD", "ENV"))
+
+
+def test_one_version_for_package_chart_and_images():
+    """pyproject.toml's version is the one source; the chart, its image tags, the package's
+    __version__ and the Dockerfiles' label default follow it."""
+    import amprl
+
+    version = _pyproject()["version"]
+    chart = yaml.safe_load((ROOT / "charts" / "amprl" / "Chart.yaml").read_text())
+    values = yaml.safe_load((ROOT / "charts" / "amprl" / "values.yaml").read_text())
+    found = {"Chart.yaml version": chart["version"], "Chart.yaml appVersion": chart["appVersion"],
+             "values image.cpu.tag": values["image"]["cpu"]["tag"],
+             "values image.cuda.tag": values["image"]["cuda"]["tag"],
+             "amprl.__version__": amprl.__version__,
+             **{f"Dockerfile.{f} ARG VERSION": _arg_defaults(p)["VERSION"] for f, p in DOCKERFILES.items()}}
+    assert {k: v for k, v in found.items() if v != version} == {}, f"pyproject.toml says {version}"
+
+
+@pytest.mark.parametrize("flavour", sorted(DOCKERFILES))
+def test_labels_carry_version_revision_and_licence(flavour):
+    labels = dict(re.findall(r'org\.opencontainers\.image\.(\w+)="([^"]*)"',
+                             dict(_stages(DOCKERFILES[flavour])[-1])["LABEL"]))
+    assert labels["version"] == "${VERSION}" and labels["revision"] == "${REVISION}"
+    assert labels["licenses"] == _pyproject()["license"]
+    assert labels["title"] == f"amprl-{flavour}" and labels["source"].startswith("https://")
 
 
 def test_dockerignore_sends_only_the_package():
@@ -99,10 +164,46 @@ def test_dockerignore_sends_only_the_package():
              if ln.strip() and not ln.startswith("#")]
     assert lines[0] == "*", "deny everything first, then re-include"
     included = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
-    assert included == {"pyproject.toml", "README.md", "LICENSE", "src"}
-    copied = {part for p in DOCKERFILES.values() for w, a in _instructions(p)
+    # the package, and the wheelhouses an offline build installs from (build stage only)
+    assert included == {"pyproject.toml", "README.md", "LICENSE", "src", "docker/wheelhouse",
+                        "build/wheelhouse"}
+    copied = {_resolve(part, _arg_defaults(p)) for p in DOCKERFILES.values() for w, a in _instructions(p)
               if w == "COPY" and not a.startswith("--from") for part in a.split()[:-1]}
     assert copied <= included, copied - included
+    default_wheelhouse = {f.name for f in (ROOT / "docker" / "wheelhouse").iterdir()}
+    assert default_wheelhouse == {"README.md"}, "the default wheelhouse holds no wheels"
+
+
+def _stub(bin_dir, name, rc=0):
+    """A fake builder that records its arguments (one per line) and exits with rc."""
+    path = bin_dir / name
+    path.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{bin_dir}/{name}.args"\nexit {rc}\n')
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("present, expected", [
+    ({"docker": 0, "podman": 0, "buildah": 0}, "docker"),
+    ({"docker": 1, "podman": 0, "buildah": 0}, "podman"),  # a docker CLI without a daemon
+    ({"buildah": 0}, "buildah"),
+])
+def test_build_script_uses_the_builder_that_is_there(tmp_path, present, expected):
+    for name, rc in present.items():
+        _stub(tmp_path, name, rc)
+    for tool in ("sh", "sed", "git", "dirname"):
+        target = subprocess.run(["which", tool], capture_output=True, text=True).stdout.strip()
+        (tmp_path / tool).symlink_to(target)
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}
+    proc = subprocess.run(["/bin/bash", str(ROOT / "docker" / "build.sh"), "cpu", "--network", "none"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    args = (tmp_path / f"{expected}.args").read_text().splitlines()
+    version = _pyproject()["version"]
+    assert args[:1] == (["bud"] if expected == "buildah" else ["build"])
+    if expected != "docker":
+        assert "--format" in args and args[args.index("--format") + 1] == "docker"  # keeps HEALTHCHECK
+    assert args[args.index("-t") + 1] == f"ghcr.io/amp-rl/amprl-cpu:{version}"
+    assert f"VERSION={version}" in args and any(a.startswith("REVISION=") for a in args)
+    assert args[-3:] == ["--network", "none", str(ROOT)]
 
 
 def test_the_healthcheck_probe_reports_serving_not_serving_and_down():
