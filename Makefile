@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(wildcard protos/amprl/v1/*.proto)
 GENERATED := $(patsubst protos/amprl/v1/%.proto,src/amprl/v1/%_pb2.py,$(PROTOS))
 
-.PHONY: install protos test test-fast bench run chart-check clean
+.PHONY: install protos test test-fast bench run chart-check clean images image-cpu image-cuda image-check image-debs
 
 $(VENV)/.runtime: pyproject.toml
 	@echo "make: installing AMP-RL and what it needs to run (PyTorch CPU, gRPC, Redis, Gymnasium, ...) into $(VENV); a few minutes the first time"
@@ -69,6 +69,86 @@ bench: install
 chart-check: install
 	$(PY) -m amprl.config.schema charts/amprl/values.schema.json
 	$(PY) -m pytest -q tests/chart
+
+# Images (docs/kubernetes.md "Images"). `make images` builds both with whichever of docker,
+# podman or buildah is there, tagged $(IMAGE_REGISTRY)/amprl-{cpu,cuda}:<pyproject version>
+# (what the chart's values point at); IMAGE_BUILD_ARGS go to the builder, e.g.
+# "--build-arg BASE_IMAGE=... --build-arg PIP_INDEX_URL=https://mirror/simple".
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE_REGISTRY ?= ghcr.io/amp-rl
+IMAGE_BUILD_ARGS ?=
+
+images: image-cpu image-cuda
+
+image-cpu image-cuda:
+	IMAGE_REGISTRY=$(IMAGE_REGISTRY) docker/build.sh $(@:image-%=%) $(IMAGE_BUILD_ARGS)
+
+# `make image-check`: the CPU image built with no registry and no index (as root on Debian;
+# the first run installs buildah, podman, runc and mmdebstrap), then run the way
+# the chart runs it (docker/check_image.py prints its checks as JSON). Cached under build/:
+# the base tarball, the wheelhouse (rebuilt when pyproject.toml changes) and podman's
+# storage; podman and buildah read docker/containers.conf and build/containers/storage.conf,
+# nothing in /etc changes. To use the image afterwards:
+#   export CONTAINERS_CONF=$(CURDIR)/docker/containers.conf CONTAINERS_STORAGE_CONF=$(CURDIR)/build/containers/storage.conf
+#   podman run --rm $(IMAGE_REGISTRY)/amprl-cpu:$(VERSION) --version
+IMAGE_DEBS := buildah podman runc mmdebstrap python3-venv
+BASE_TAR := build/base/bookworm-python3.tar
+OFFLINE_BASE := localhost/amprl-base:bookworm
+WHEELHOUSE := build/wheelhouse/cpu
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+DEBIAN_SECURITY_MIRROR ?= http://deb.debian.org/debian-security
+TORCH_CPU_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+PIP_TOOL := $(VENV)/tools/pip/bin/pip
+
+image-check: export CONTAINERS_CONF := $(CURDIR)/docker/containers.conf
+image-check: export CONTAINERS_STORAGE_CONF := $(CURDIR)/build/containers/storage.conf
+
+image-debs:
+	@missing=$$(for deb in $(IMAGE_DEBS); do dpkg-query -W -f='$${Status}\n' $$deb 2>/dev/null \
+	  | grep -q '^install ok installed' || echo $$deb; done); \
+	if [ -n "$$missing" ]; then echo "make: installing" $$missing; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
+
+build/containers/storage.conf:
+	mkdir -p $(@D)
+	printf '[storage]\ndriver = "overlay"\ngraphroot = "%s"\nrunroot = "%s"\n' \
+	  "$(CURDIR)/build/containers/storage" /run/amprl-containers > $@
+
+# Debian's python3 (3.11, as in python:3.11-slim), its venv module, useradd; no docs.
+$(BASE_TAR): | image-debs
+	mkdir -p $(@D)
+	mmdebstrap --variant=minbase --format=tar --include=python3,python3-venv,ca-certificates,passwd \
+	  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+	  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+	  bookworm $@.part "deb $(DEBIAN_MIRROR) bookworm main" "deb $(DEBIAN_MIRROR) bookworm-updates main" \
+	  "deb $(DEBIAN_SECURITY_MIRROR) bookworm-security main"
+	mv $@.part $@
+
+$(PIP_TOOL): | image-debs
+	$(PYTHON) -m venv $(VENV)/tools/pip
+
+# Every wheel the image installs: torch's CPU build first (from $(TORCH_CPU_INDEX_URL), or
+# wherever this machine's pip config finds it), so that resolving pyproject's dependencies
+# against the wheelhouse keeps it; setuptools builds amprl; Debian's Python is 3.11.2, for
+# which redis also needs async-timeout (this host's Python may be newer and skip it).
+$(WHEELHOUSE).done: pyproject.toml | $(PIP_TOOL)
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
+	$(PYTHON) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+	  > $(WHEELHOUSE).requirements
+	$(PIP_TOOL) download -q --dest $(WHEELHOUSE) --only-binary=:all: --no-deps \
+	  --index-url $(TORCH_CPU_INDEX_URL) $$(grep '^torch==' $(WHEELHOUSE).requirements)
+	$(PIP_TOOL) download -q --dest $(WHEELHOUSE) --only-binary=:all: --find-links $(WHEELHOUSE) \
+	  -r $(WHEELHOUSE).requirements 'setuptools>=77' async-timeout
+	touch $@
+
+image-check: image-debs build/containers/storage.conf $(BASE_TAR) $(WHEELHOUSE).done
+	if ! podman image exists $(OFFLINE_BASE) || [ $(BASE_TAR) -nt build/containers/base.imported ]; then \
+	  podman import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' \
+	    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+	    $(BASE_TAR) $(OFFLINE_BASE) && touch build/containers/base.imported; fi
+	BUILDER=podman IMAGE_REGISTRY=$(IMAGE_REGISTRY) docker/build.sh cpu --network none \
+	  --build-arg BASE_IMAGE=$(OFFLINE_BASE) --build-arg WHEELHOUSE=$(WHEELHOUSE) --build-arg PIP_NO_INDEX=1
+	$(PYTHON) docker/check_image.py $(IMAGE_REGISTRY)/amprl-cpu:$(VERSION)
 
 run: $(VENV)/.runtime
 	@echo "make: amprl run cartpole-dqn (DQN on CartPole-v1; the run folder lands in runs/)"
