@@ -114,7 +114,9 @@ def test_replay_actors_and_evaluator_show_their_figures(recorded):
     rp = scraped["replay"]
     assert 0 < value(rp, "amprl_replay_size") <= value(rp, "amprl_replay_inserted_total")
     assert value(rp, "amprl_replay_capacity") == 100_000
-    assert value(rp, "amprl_replay_sampled_total") > 0 and value(rp, "amprl_replay_actors_live") == 2
+    assert value(rp, "amprl_replay_sampled_total") > 0
+    # an actor counts once its first chunk is stored, which the rate limiter may still hold
+    assert 1 <= value(rp, "amprl_replay_actors_live") <= 2
     assert value(rp, "amprl_replay_rate_limiter_sample_wait_seconds_total") >= 0
     assert value(rp, "amprl_replay_redis_used_memory_bytes") > 0
     assert rpcs(rp, "Sample") > 0 and rpcs(rp, "UpdatePriorities") > 0
