@@ -9,6 +9,7 @@ import itertools
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
@@ -274,3 +275,18 @@ def test_a_process_records_while_it_serves_where_its_flags_say(tmp_path, tensorb
         assert read_events(folder)["learner/loss"] == [(2, 0.25)]
     else:
         assert proc.tensorboard is None and not folder.exists()
+
+
+def test_a_metrics_port_in_use_ends_the_process_with_one_line(caplog):
+    taken = metrics.MetricsServer.start(None, host="127.0.0.1", port="any", instance="x")
+    stopped = []
+    try:
+        proc = ServiceProcess("replay", "test")
+        proc.parse(["--host", "127.0.0.1", "--metrics-port", str(taken.port)])
+        with pytest.raises(SystemExit) as exc:
+            proc.attach(SimpleNamespace(stop=lambda grace: stopped.append(grace)), 50051,
+                        make_telemetry(Stats()))
+    finally:
+        taken.stop()
+    assert exc.value.code == 2 and stopped == [0]
+    assert f"--metrics-port {taken.port} (AMPRL_METRICS_PORT): cannot serve /metrics" in caplog.text

@@ -133,8 +133,14 @@ class ServiceProcess:
     def _record(self, telemetry: Telemetry | None) -> None:
         args = self.args
         if getattr(args, "metrics_port", "off") != "off":
-            self.metrics = MetricsServer.start(telemetry, host=args.host, port=args.metrics_port,
-                                               instance=self.instance)
+            try:
+                self.metrics = MetricsServer.start(telemetry, host=args.host, port=args.metrics_port,
+                                                   instance=self.instance)
+            except OSError as exc:  # a port in use: the deployment's mistake, one line
+                self.log.error("--metrics-port %s (AMPRL_METRICS_PORT): cannot serve /metrics on "
+                               "%s: %s", args.metrics_port, args.host, exc.strerror or exc)
+                self.server.stop(0)
+                raise SystemExit(2) from None
             cli.write_port_file(args.metrics_port_file, self.metrics.port)
         if telemetry is not None and args.run_dir and getattr(args, "tensorboard", "on") == "on":
             from amprl.common import tensorboard
