@@ -142,9 +142,9 @@ def _copy_init_weights(source: Path, folder: Path) -> None:
     if best:
         origin, version, kind = source / "best" / best["weights"], best["param_version"], "best"
     else:
-        from amprl.paramserver.checkpoint import CheckpointManager
+        from amprl.paramserver.client import checkpoint_files
 
-        files = CheckpointManager(source / "checkpoints").files()
+        files = checkpoint_files(source / "checkpoints")
         if not files:
             raise ConfigError(f"--init-from {source}: no best/ weights and no checkpoint there")
         (version, origin), kind = files[0], "checkpoint"

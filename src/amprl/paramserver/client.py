@@ -24,6 +24,7 @@ import concurrent.futures
 import itertools
 import secrets
 import threading
+from pathlib import Path
 from typing import Sequence
 
 import grpc
@@ -285,6 +286,14 @@ def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
             p.copy_(weights[name])
 
 
+def checkpoint_files(folder: Path) -> list[tuple[int, Path]]:
+    """A parameter server's checkpoint files in ``folder``, newest first, as (version, path):
+    for tools that copy one without reading it (``amprl run --init-from``)."""
+    from amprl.paramserver.checkpoint import CheckpointManager
+
+    return CheckpointManager(folder).files()
+
+
 def checkpointed_weights(cfg: ExperimentConfig, run_dir: str) -> tuple[int, dict[str, torch.Tensor], list[str]]:
     """The newest readable checkpoint of a run's parameter server, read from its folder
     (``paramserver.checkpoint_dir``, default ``<run_dir>/checkpoints``) without a server:
@@ -308,4 +317,5 @@ def checkpointed_weights(cfg: ExperimentConfig, run_dir: str) -> tuple[int, dict
     raise FileNotFoundError(f"{folder}: no readable checkpoint ({'; '.join(skipped) or 'none there'})")
 
 
-__all__ = ["ParameterClient", "VersionWatch", "load_into", "checkpointed_weights", "DEFAULT_TIMEOUT_S"]
+__all__ = ["ParameterClient", "VersionWatch", "load_into", "checkpoint_files", "checkpointed_weights",
+           "DEFAULT_TIMEOUT_S"]
