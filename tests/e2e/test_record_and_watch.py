@@ -159,7 +159,7 @@ def test_tensorboard_has_each_service_with_the_named_tags_on_its_step_axis(recor
         assert not missing, f"{folder}: {sorted(missing)} not in {sorted(acc.Tags()['scalars'])}"
     learner = events(run_dir / "tb" / "learner-0")
     steps = [e.step for e in learner.Scalars("learner/grad_norm")]
-    assert steps == sorted(set(steps)) and steps[-1] > 0  # updates, one point per step
+    assert steps == sorted(set(steps)) and steps[-1] > 0  # versions, one point per step
     assert all(e.value > 0 for e in learner.Scalars("learner/updates_per_s"))
     actor = events(run_dir / "tb" / "actor-0")
     assert all(e.value > 0 for e in actor.Scalars("actor/env_steps_per_s"))

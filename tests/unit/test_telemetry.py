@@ -290,3 +290,17 @@ def test_a_metrics_port_in_use_ends_the_process_with_one_line(caplog):
         taken.stop()
     assert exc.value.code == 2 and stopped == [0]
     assert f"--metrics-port {taken.port} (AMPRL_METRICS_PORT): cannot serve /metrics" in caplog.text
+
+
+def test_a_restarted_process_writes_beside_the_earlier_one_not_over_it(tmp_path):
+    from amprl.common import tensorboard
+
+    first = tensorboard.run_folder(tmp_path, "actor-0")
+    assert first == tmp_path / "tb" / "actor-0"
+    first.mkdir(parents=True)
+    (first / "events.out.tfevents.1.host.1").write_bytes(b"")
+    second = tensorboard.run_folder(tmp_path, "actor-0")
+    assert second == first / "restart-1"
+    second.mkdir()
+    (second / "events.out.tfevents.2.host.2").write_bytes(b"")
+    assert tensorboard.run_folder(tmp_path, "actor-0") == first / "restart-2"

@@ -34,8 +34,18 @@ FLUSH_EVERY_S = 10.0
 
 
 def run_folder(run_dir: str | Path, instance: str) -> Path:
-    """Where a service process's event files go: ``RUN_DIR/tb/<instance>``."""
-    return Path(run_dir) / "tb" / instance
+    """Where a service process's event files go: ``RUN_DIR/tb/<instance>``, or, when an
+    earlier process of that instance wrote there (a restart, ``amprl run --resume``),
+    ``RUN_DIR/tb/<instance>/restart-<n>``: a counter that starts again from 0 (an actor's
+    env steps) would otherwise be drawn over the earlier points, which TensorBoard then
+    drops as orphaned."""
+    folder = Path(run_dir) / "tb" / instance
+    if not any(folder.glob("events.out.tfevents.*")):
+        return folder
+    n = 1
+    while any((folder / f"restart-{n}").glob("events.out.tfevents.*")):
+        n += 1
+    return folder / f"restart-{n}"
 
 
 class TensorBoardWriter:

@@ -1,5 +1,7 @@
 """What a learner records over time (``amprl.common.telemetry``): its ``LearnerStats``,
-against updates."""
+against the parameter version its weights are at. Not against its own update count: that
+starts again from 0 when the learner restarts (a pod restart, ``amprl run --resume``), and
+TensorBoard would draw the new points over the old ones; the version goes on."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ def _windowed(lr: Learner, value: float) -> float | None:
 
 def telemetry(learner: Learner) -> Telemetry[Learner]:
     s = lambda lr: lr.stats  # noqa: E731 - the figures below read LearnerStats
-    return Telemetry("learner", snapshot=lambda: learner, step=lambda lr: lr.stats.updates, series=[
+    return Telemetry("learner", snapshot=lambda: learner, step=lambda lr: lr.version, series=[
         Series("updates", "Optimizer updates computed and pushed (skipped steps not included).",
                T, lambda lr: s(lr).updates),
         Series("loss", f"Mean loss over the last {LOG_WINDOW} updates.", G, lambda lr: _windowed(lr, s(lr).loss)),
