@@ -255,4 +255,4 @@ def test_notes_show_grpcurl_with_the_operator_certificate_and_each_servers_name(
         assert f"$G -servername {role}.{RELEASE}-amprl localhost:{port}" in notes, role
     _, notes = rendered["tls"]
     assert "$G -servername replay.amprl.rl.svc localhost:50051 list" in notes
-    assert f"--from-file=DIR/operator/" in notes  # no operator Certificate: how to make one
+    assert "--from-file=DIR/operator/" in notes  # no operator Certificate: how to make one
