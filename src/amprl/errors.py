@@ -23,6 +23,11 @@ class FailedPrecondition(AmprlError):
         self.current_version = current_version
 
 
+class NotFound(AmprlError):
+    """What the request asks for does not exist (yet), e.g. best weights before the first
+    evaluation: NOT_FOUND."""
+
+
 class ResourceExhausted(AmprlError):
     """A size limit was exceeded: RESOURCE_EXHAUSTED."""
 

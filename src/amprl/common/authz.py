@@ -43,6 +43,10 @@ POLICY: dict[str, frozenset[str]] = {
     "/amprl.v1.LearnerService/Info": EVERYONE,
     "/amprl.v1.ActorService/Info": EVERYONE,
     "/amprl.v1.EvaluatorService/Info": EVERYONE,
+    # The run's state: actors and learners poll it, people and the done Job wait on it.
+    "/amprl.v1.EvaluatorService/GetRunState": EVERYONE,
+    # The best weights: as readable as the weights a pull gives.
+    "/amprl.v1.EvaluatorService/GetBestPolicy": EVERYONE,
 }
 """Full method name -> the roles that may call it."""
 

@@ -11,7 +11,7 @@ retry loops and no ``try`` blocks of their own:
   than failing at once. gRPC retries an attempt only until the reply's headers arrive: a
   stream cut off mid-way fails and its caller decides.
 - **Errors**: a failed call raises InvalidArgument, FailedPrecondition (with the server's
-  ``amprl-current-version``), ResourceExhausted, DeadlineExceeded or Unavailable; a call
+  ``amprl-current-version``), NotFound, ResourceExhausted, DeadlineExceeded or Unavailable; a call
   the server cancelled (it went away) is Unavailable; a call this client cancelled keeps
   gRPC's own CANCELLED error, so its caller can tell the two apart. The mapping happens
   where the error surfaces: at the call, at a future's ``result()``, or in a stream's
@@ -65,6 +65,8 @@ def mapped(exc: grpc.RpcError) -> Exception:
             if key == "amprl-current-version":
                 version = int(value)
         return errors.FailedPrecondition(details, current_version=version)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return errors.NotFound(details)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.ResourceExhausted(details)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -232,6 +232,7 @@ def set_health(server: grpc.Server, *, serving: bool) -> None:
 _CODES = [
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.NotFound, grpc.StatusCode.NOT_FOUND),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),

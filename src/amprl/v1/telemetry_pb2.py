@@ -22,33 +22,48 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from amprl.v1 import tensor_pb2 as amprl_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61mprl/v1/telemetry.proto\x12\x08\x61mprl.v1\"\x1b\n\x19LearnerServiceInfoRequest\"\xf9\x01\n\x1aLearnerServiceInfoResponse\x12\x0f\n\x07updates\x18\x01 \x01(\x04\x12\x19\n\x11skipped_nonfinite\x18\x02 \x01(\x04\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x11\n\tgrad_norm\x18\x04 \x01(\x01\x12\x15\n\rparam_version\x18\x05 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x11\n\tprecision\x18\x07 \x01(\t\x12\x12\n\ngrad_scale\x18\x08 \x01(\x01\x12\x18\n\x10stale_rejections\x18\t \x01(\x04\x12\x16\n\x0eprefetch_queue\x18\n \x01(\r\x12\x0e\n\x06q_mean\x18\x0b \x01(\x01\"\x19\n\x17\x41\x63torServiceInfoRequest\"\xaa\x01\n\x18\x41\x63torServiceInfoResponse\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x11\n\tenv_steps\x18\x02 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x03 \x01(\x04\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\x15\n\rparam_version\x18\x05 \x01(\x04\x12\x15\n\rrecent_return\x18\x06 \x01(\x01\x12\x18\n\x10transitions_sent\x18\x07 \x01(\x04\"\x1d\n\x1b\x45valuatorServiceInfoRequest\"\x9a\x01\n\nEvaluation\x12\x15\n\rparam_version\x18\x01 \x01(\x04\x12\x13\n\x0bmean_return\x18\x02 \x01(\x01\x12\x12\n\nstd_return\x18\x03 \x01(\x01\x12\x10\n\x08\x65pisodes\x18\x04 \x01(\r\x12\x11\n\tenv_steps\x18\x05 \x01(\x04\x12\x14\n\x0cwall_seconds\x18\x06 \x01(\x01\x12\x11\n\tunix_time\x18\x07 \x01(\x01\"I\n\x1c\x45valuatorServiceInfoResponse\x12)\n\x0b\x65valuations\x18\x01 \x03(\x0b\x32\x14.amprl.v1.Evaluation2c\n\x0eLearnerService\x12Q\n\x04Info\x12#.amprl.v1.LearnerServiceInfoRequest\x1a$.amprl.v1.LearnerServiceInfoResponse2]\n\x0c\x41\x63torService\x12M\n\x04Info\x12!.amprl.v1.ActorServiceInfoRequest\x1a\".amprl.v1.ActorServiceInfoResponse2i\n\x10\x45valuatorService\x12U\n\x04Info\x12%.amprl.v1.EvaluatorServiceInfoRequest\x1a&.amprl.v1.EvaluatorServiceInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61mprl/v1/telemetry.proto\x12\x08\x61mprl.v1\x1a\x15\x61mprl/v1/tensor.proto\"\x9a\x01\n\x08RunState\x12!\n\x05phase\x18\x01 \x01(\x0e\x32\x12.amprl.v1.RunPhase\x12)\n\x0bstop_reason\x18\x02 \x01(\x0e\x32\x14.amprl.v1.StopReason\x12\x11\n\tenv_steps\x18\x03 \x01(\x04\x12\x14\n\x0cwall_seconds\x18\x04 \x01(\x01\x12\x17\n\x0f\x65nded_unix_time\x18\x05 \x01(\x01\"\x1b\n\x19LearnerServiceInfoRequest\"\xa0\x02\n\x1aLearnerServiceInfoResponse\x12\x0f\n\x07updates\x18\x01 \x01(\x04\x12\x19\n\x11skipped_nonfinite\x18\x02 \x01(\x04\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x11\n\tgrad_norm\x18\x04 \x01(\x01\x12\x15\n\rparam_version\x18\x05 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x11\n\tprecision\x18\x07 \x01(\t\x12\x12\n\ngrad_scale\x18\x08 \x01(\x01\x12\x18\n\x10stale_rejections\x18\t \x01(\x04\x12\x16\n\x0eprefetch_queue\x18\n \x01(\r\x12\x0e\n\x06q_mean\x18\x0b \x01(\x01\x12%\n\trun_phase\x18\x0c \x01(\x0e\x32\x12.amprl.v1.RunPhase\"\x19\n\x17\x41\x63torServiceInfoRequest\"\xd1\x01\n\x18\x41\x63torServiceInfoResponse\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x11\n\tenv_steps\x18\x02 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x03 \x01(\x04\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\x15\n\rparam_version\x18\x05 \x01(\x04\x12\x15\n\rrecent_return\x18\x06 \x01(\x01\x12\x18\n\x10transitions_sent\x18\x07 \x01(\x04\x12%\n\trun_phase\x18\x08 \x01(\x0e\x32\x12.amprl.v1.RunPhase\"\x1d\n\x1b\x45valuatorServiceInfoRequest\"\x9a\x01\n\nEvaluation\x12\x15\n\rparam_version\x18\x01 \x01(\x04\x12\x13\n\x0bmean_return\x18\x02 \x01(\x01\x12\x12\n\nstd_return\x18\x03 \x01(\x01\x12\x10\n\x08\x65pisodes\x18\x04 \x01(\r\x12\x11\n\tenv_steps\x18\x05 \x01(\x04\x12\x14\n\x0cwall_seconds\x18\x06 \x01(\x01\x12\x11\n\tunix_time\x18\x07 \x01(\x01\"\x86\x01\n\x1c\x45valuatorServiceInfoResponse\x12)\n\x0b\x65valuations\x18\x01 \x03(\x0b\x32\x14.amprl.v1.Evaluation\x12%\n\trun_state\x18\x02 \x01(\x0b\x32\x12.amprl.v1.RunState\x12\x14\n\x0csummary_json\x18\x03 \x01(\t\"\x14\n\x12GetRunStateRequest\"<\n\x13GetRunStateResponse\x12%\n\trun_state\x18\x01 \x01(\x0b\x32\x12.amprl.v1.RunState\"\x16\n\x14GetBestPolicyRequest\"\x94\x01\n\x15GetBestPolicyResponse\x12(\n\nevaluation\x18\x01 \x01(\x0b\x32\x14.amprl.v1.Evaluation\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12.\n\nparameters\x18\x03 \x03(\x0b\x32\x1a.amprl.v1.CompressedTensor\x12\x0c\n\x04last\x18\x04 \x01(\x08*l\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_PHASE_RUNNING\x10\x01\x12\x16\n\x12RUN_PHASE_STOPPING\x10\x02\x12\x16\n\x12RUN_PHASE_FINISHED\x10\x03*\x82\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aSTOP_REASON_TARGET_REACHED\x10\x01\x12\x1b\n\x17STOP_REASON_STEP_BUDGET\x10\x02\x12\x1a\n\x16STOP_REASON_WALL_LIMIT\x10\x03\x32\x63\n\x0eLearnerService\x12Q\n\x04Info\x12#.amprl.v1.LearnerServiceInfoRequest\x1a$.amprl.v1.LearnerServiceInfoResponse2]\n\x0c\x41\x63torService\x12M\n\x04Info\x12!.amprl.v1.ActorServiceInfoRequest\x1a\".amprl.v1.ActorServiceInfoResponse2\x89\x02\n\x10\x45valuatorService\x12U\n\x04Info\x12%.amprl.v1.EvaluatorServiceInfoRequest\x1a&.amprl.v1.EvaluatorServiceInfoResponse\x12J\n\x0bGetRunState\x12\x1c.amprl.v1.GetRunStateRequest\x1a\x1d.amprl.v1.GetRunStateResponse\x12R\n\rGetBestPolicy\x12\x1e.amprl.v1.GetBestPolicyRequest\x1a\x1f.amprl.v1.GetBestPolicyResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'amprl.v1.telemetry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LEARNERSERVICEINFOREQUEST']._serialized_start=38
-  _globals['_LEARNERSERVICEINFOREQUEST']._serialized_end=65
-  _globals['_LEARNERSERVICEINFORESPONSE']._serialized_start=68
-  _globals['_LEARNERSERVICEINFORESPONSE']._serialized_end=317
-  _globals['_ACTORSERVICEINFOREQUEST']._serialized_start=319
-  _globals['_ACTORSERVICEINFOREQUEST']._serialized_end=344
-  _globals['_ACTORSERVICEINFORESPONSE']._serialized_start=347
-  _globals['_ACTORSERVICEINFORESPONSE']._serialized_end=517
-  _globals['_EVALUATORSERVICEINFOREQUEST']._serialized_start=519
-  _globals['_EVALUATORSERVICEINFOREQUEST']._serialized_end=548
-  _globals['_EVALUATION']._serialized_start=551
-  _globals['_EVALUATION']._serialized_end=705
-  _globals['_EVALUATORSERVICEINFORESPONSE']._serialized_start=707
-  _globals['_EVALUATORSERVICEINFORESPONSE']._serialized_end=780
-  _globals['_LEARNERSERVICE']._serialized_start=782
-  _globals['_LEARNERSERVICE']._serialized_end=881
-  _globals['_ACTORSERVICE']._serialized_start=883
-  _globals['_ACTORSERVICE']._serialized_end=976
-  _globals['_EVALUATORSERVICE']._serialized_start=978
-  _globals['_EVALUATORSERVICE']._serialized_end=1083
+  _globals['_RUNPHASE']._serialized_start=1361
+  _globals['_RUNPHASE']._serialized_end=1469
+  _globals['_STOPREASON']._serialized_start=1472
+  _globals['_STOPREASON']._serialized_end=1602
+  _globals['_RUNSTATE']._serialized_start=62
+  _globals['_RUNSTATE']._serialized_end=216
+  _globals['_LEARNERSERVICEINFOREQUEST']._serialized_start=218
+  _globals['_LEARNERSERVICEINFOREQUEST']._serialized_end=245
+  _globals['_LEARNERSERVICEINFORESPONSE']._serialized_start=248
+  _globals['_LEARNERSERVICEINFORESPONSE']._serialized_end=536
+  _globals['_ACTORSERVICEINFOREQUEST']._serialized_start=538
+  _globals['_ACTORSERVICEINFOREQUEST']._serialized_end=563
+  _globals['_ACTORSERVICEINFORESPONSE']._serialized_start=566
+  _globals['_ACTORSERVICEINFORESPONSE']._serialized_end=775
+  _globals['_EVALUATORSERVICEINFOREQUEST']._serialized_start=777
+  _globals['_EVALUATORSERVICEINFOREQUEST']._serialized_end=806
+  _globals['_EVALUATION']._serialized_start=809
+  _globals['_EVALUATION']._serialized_end=963
+  _globals['_EVALUATORSERVICEINFORESPONSE']._serialized_start=966
+  _globals['_EVALUATORSERVICEINFORESPONSE']._serialized_end=1100
+  _globals['_GETRUNSTATEREQUEST']._serialized_start=1102
+  _globals['_GETRUNSTATEREQUEST']._serialized_end=1122
+  _globals['_GETRUNSTATERESPONSE']._serialized_start=1124
+  _globals['_GETRUNSTATERESPONSE']._serialized_end=1184
+  _globals['_GETBESTPOLICYREQUEST']._serialized_start=1186
+  _globals['_GETBESTPOLICYREQUEST']._serialized_end=1208
+  _globals['_GETBESTPOLICYRESPONSE']._serialized_start=1211
+  _globals['_GETBESTPOLICYRESPONSE']._serialized_end=1359
+  _globals['_LEARNERSERVICE']._serialized_start=1604
+  _globals['_LEARNERSERVICE']._serialized_end=1703
+  _globals['_ACTORSERVICE']._serialized_start=1705
+  _globals['_ACTORSERVICE']._serialized_end=1798
+  _globals['_EVALUATORSERVICE']._serialized_start=1801
+  _globals['_EVALUATORSERVICE']._serialized_end=2066
 # @@protoc_insertion_point(module_scope)

@@ -178,7 +178,7 @@ class ActorService:
 
 
 class EvaluatorServiceStub:
-    """Evaluator status.
+    """Evaluator status, the run's end and its results.
     """
 
     def __init__(self, channel):
@@ -192,14 +192,43 @@ class EvaluatorServiceStub:
                 request_serializer=amprl_dot_v1_dot_telemetry__pb2.EvaluatorServiceInfoRequest.SerializeToString,
                 response_deserializer=amprl_dot_v1_dot_telemetry__pb2.EvaluatorServiceInfoResponse.FromString,
                 _registered_method=True)
+        self.GetRunState = channel.unary_unary(
+                '/amprl.v1.EvaluatorService/GetRunState',
+                request_serializer=amprl_dot_v1_dot_telemetry__pb2.GetRunStateRequest.SerializeToString,
+                response_deserializer=amprl_dot_v1_dot_telemetry__pb2.GetRunStateResponse.FromString,
+                _registered_method=True)
+        self.GetBestPolicy = channel.unary_stream(
+                '/amprl.v1.EvaluatorService/GetBestPolicy',
+                request_serializer=amprl_dot_v1_dot_telemetry__pb2.GetBestPolicyRequest.SerializeToString,
+                response_deserializer=amprl_dot_v1_dot_telemetry__pb2.GetBestPolicyResponse.FromString,
+                _registered_method=True)
 
 
 class EvaluatorServiceServicer:
-    """Evaluator status.
+    """Evaluator status, the run's end and its results.
     """
 
     def Info(self, request, context):
-        """Latest evaluation and the history of all evaluations.
+        """The history of all evaluations (over the evaluator's restarts), the run's state and,
+        once it has finished, its summary.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRunState(self, request, context):
+        """The run's state alone: a small reply, which every actor and learner polls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBestPolicy(self, request, context):
+        """The best-scoring weights so far, with their evaluation and the experiment config that
+        rebuilds their network. The first message carries the evaluation and the config; the
+        parameters follow (fp32, state-dict order) in as many messages as the message-size
+        limit needs; the last message has last = true. NOT_FOUND before the first evaluation,
+        or when the evaluator keeps no run folder.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -213,6 +242,16 @@ def add_EvaluatorServiceServicer_to_server(servicer, server):
                     request_deserializer=amprl_dot_v1_dot_telemetry__pb2.EvaluatorServiceInfoRequest.FromString,
                     response_serializer=amprl_dot_v1_dot_telemetry__pb2.EvaluatorServiceInfoResponse.SerializeToString,
             ),
+            'GetRunState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunState,
+                    request_deserializer=amprl_dot_v1_dot_telemetry__pb2.GetRunStateRequest.FromString,
+                    response_serializer=amprl_dot_v1_dot_telemetry__pb2.GetRunStateResponse.SerializeToString,
+            ),
+            'GetBestPolicy': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetBestPolicy,
+                    request_deserializer=amprl_dot_v1_dot_telemetry__pb2.GetBestPolicyRequest.FromString,
+                    response_serializer=amprl_dot_v1_dot_telemetry__pb2.GetBestPolicyResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'amprl.v1.EvaluatorService', rpc_method_handlers)
@@ -222,7 +261,7 @@ def add_EvaluatorServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EvaluatorService:
-    """Evaluator status.
+    """Evaluator status, the run's end and its results.
     """
 
     @staticmethod
@@ -242,6 +281,60 @@ class EvaluatorService:
             '/amprl.v1.EvaluatorService/Info',
             amprl_dot_v1_dot_telemetry__pb2.EvaluatorServiceInfoRequest.SerializeToString,
             amprl_dot_v1_dot_telemetry__pb2.EvaluatorServiceInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/amprl.v1.EvaluatorService/GetRunState',
+            amprl_dot_v1_dot_telemetry__pb2.GetRunStateRequest.SerializeToString,
+            amprl_dot_v1_dot_telemetry__pb2.GetRunStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBestPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/amprl.v1.EvaluatorService/GetBestPolicy',
+            amprl_dot_v1_dot_telemetry__pb2.GetBestPolicyRequest.SerializeToString,
+            amprl_dot_v1_dot_telemetry__pb2.GetBestPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,
