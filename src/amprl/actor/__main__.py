@@ -13,6 +13,7 @@ from amprl.actor.telemetry import telemetry
 from amprl.common import cli
 from amprl.common.bootstrap import ServiceProcess, wait_for_dependencies
 from amprl.envs.factory import env_spec
+from amprl.evaluator.client import RunEndWatch, work_until_run_ends
 from amprl.paramserver.client import ParameterClient
 from amprl.replay import client as replay_client
 
@@ -31,9 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     ps = ParameterClient(args.paramserver, client_id=f"actor:{actor_id}")
     actor = Actor(cfg, spec, actor_id, replay, ps)
     actor.start()
-    proc.serve(register(actor), port=args.port, telemetry=telemetry(actor))
+    # the run's end, as the evaluator decides it: the actor then stops stepping and idles
+    watch = RunEndWatch(args.evaluator) if args.evaluator else None
+    proc.serve(register(actor, watch), port=args.port, telemetry=telemetry(actor))
     log.info("actor %s: epsilon %.4f, %d envs", actor_id, actor.epsilon, len(actor.envs))
-    return proc.run_until_stopped(actor.run, grace_s=1.0, on_stop=actor.stop)
+    return proc.run_until_stopped(lambda stop: work_until_run_ends(actor.run, stop, watch, actor.stop),
+                                  grace_s=1.0, on_stop=actor.stop)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ environment (a flag wins over its variable):
   --replay ADDR        AMPRL_REPLAY_ADDRESS      replay service host:port; with several
                                                  shards, every shard's, comma-separated
   --paramserver ADDR   AMPRL_PARAMSERVER_ADDRESS parameter server host:port
+  --evaluator ADDR     AMPRL_EVALUATOR_ADDRESS   evaluator host:port: actors and learners
+                                                 stop and idle when it says the run ended
   --redis-url URL      AMPRL_REDIS_URL           redis://[user:password@]host:port/db
                                                  (rediss:// for TLS)
                        AMPRL_REDIS_USERNAME      the ACL user replay connects as
@@ -49,8 +51,10 @@ from amprl.config import ExperimentConfig, load_config
 from amprl.errors import ConfigError
 
 
-ADDRESS_ENV = {"replay": "AMPRL_REPLAY_ADDRESS", "paramserver": "AMPRL_PARAMSERVER_ADDRESS"}
-"""The variable that stands in for each address flag (``--replay``, ``--paramserver``)."""
+ADDRESS_ENV = {"replay": "AMPRL_REPLAY_ADDRESS", "paramserver": "AMPRL_PARAMSERVER_ADDRESS",
+               "evaluator": "AMPRL_EVALUATOR_ADDRESS"}
+"""The variable that stands in for each address flag (``--replay``, ``--paramserver``,
+``--evaluator``)."""
 
 
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -65,6 +69,8 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--replay", default=env(ADDRESS_ENV["replay"], ""), help="replay host:port")
     p.add_argument("--paramserver", default=env(ADDRESS_ENV["paramserver"], ""),
                    help="parameter server host:port")
+    p.add_argument("--evaluator", default=env(ADDRESS_ENV["evaluator"], ""),
+                   help="evaluator host:port (actors, learners: they stop when the run ends)")
     p.add_argument("--redis-url", default=env("AMPRL_REDIS_URL", ""))
     p.add_argument("--id", default=env("AMPRL_ID") or env("HOSTNAME") or socket.gethostname())
     p.add_argument("--run-dir", default=env("AMPRL_RUN_DIR", ""))

@@ -7,8 +7,9 @@ from amprl.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 
 class LearnerServicer(telemetry_pb2_grpc.LearnerServiceServicer):
-    def __init__(self, learner):
+    def __init__(self, learner, watch=None):
         self.learner = learner
+        self.watch = watch  # the run's end as this learner follows it (evaluator.client.RunEndWatch)
 
     @map_errors
     def Info(self, request, context):
@@ -17,9 +18,10 @@ class LearnerServicer(telemetry_pb2_grpc.LearnerServiceServicer):
             updates=s.updates, skipped_nonfinite=s.skipped_nonfinite, loss=s.loss, q_mean=s.q_mean,
             grad_norm=s.grad_norm, param_version=lr.version, device=str(lr.device),
             precision=lr.lcfg.precision, grad_scale=lr.precision.scale,
-            stale_rejections=s.stale_rejections, prefetch_queue=lr.queue_size)
+            stale_rejections=s.stale_rejections, prefetch_queue=lr.queue_size,
+            run_phase=self.watch.phase if self.watch is not None else telemetry_pb2.RUN_PHASE_UNSPECIFIED)
 
 
-def register(learner):
-    return [(telemetry_pb2_grpc.add_LearnerServiceServicer_to_server, LearnerServicer(learner),
+def register(learner, watch=None):
+    return [(telemetry_pb2_grpc.add_LearnerServiceServicer_to_server, LearnerServicer(learner, watch),
              "amprl.v1.LearnerService")]
