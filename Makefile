@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(wildcard protos/amprl/v1/*.proto)
 GENERATED := $(patsubst protos/amprl/v1/%.proto,src/amprl/v1/%_pb2.py,$(PROTOS))
 
-.PHONY: install protos test test-fast bench run chart-check clean images image-cpu image-cuda image-check image-debs
+.PHONY: install protos test test-fast bench run chart-check clean images image-cpu image-cuda image-check image-debs pod-check
 
 $(VENV)/.runtime: pyproject.toml
 	@echo "make: installing AMP-RL and what it needs to run (PyTorch CPU, gRPC, Redis, Gymnasium, ...) into $(VENV); a few minutes the first time"
@@ -149,6 +149,28 @@ image-check: image-debs build/containers/storage.conf $(BASE_TAR) $(WHEELHOUSE).
 	BUILDER=podman IMAGE_REGISTRY=$(IMAGE_REGISTRY) docker/build.sh cpu --network none \
 	  --build-arg BASE_IMAGE=$(OFFLINE_BASE) --build-arg WHEELHOUSE=$(WHEELHOUSE) --build-arg PIP_NO_INDEX=1
 	$(PYTHON) docker/check_image.py $(IMAGE_REGISTRY)/amprl-cpu:$(VERSION)
+
+# `make pod-check` (docs/kubernetes.md "The chart's pods under podman"): the chart rendered
+# with small values, each Deployment's and StatefulSet's pod spec run as a podman container
+# of the image `make image-check` built, on one internal podman network where the Services'
+# names resolve; the release trains, its actors go 1 -> 4 -> 2, probes pass, grpcurl reaches
+# every service (tests/podman, a few minutes). The Redis pods run Debian's Redis on the
+# offline base (tests/podman/Containerfile.redis): the official image cannot be pulled here.
+REDIS_STANDIN := localhost/amprl-redis-standin:bookworm
+REDIS_STANDIN_DEBS := redis-tools liblzf1 libjemalloc2 libatomic1
+
+pod-check: export CONTAINERS_CONF := $(CURDIR)/docker/containers.conf
+pod-check: export CONTAINERS_STORAGE_CONF := $(CURDIR)/build/containers/storage.conf
+
+build/redis-standin/debs.done:
+	rm -rf $(@D) && mkdir -p $(@D)
+	cd $(@D) && apt-get download -q $(REDIS_STANDIN_DEBS) 2>/dev/null
+	touch $@
+
+pod-check: image-check build/redis-standin/debs.done $(VENV)/.installed
+	podman build -q --network none --build-arg BASE_IMAGE=$(OFFLINE_BASE) -t $(REDIS_STANDIN) \
+	  -f tests/podman/Containerfile.redis build/redis-standin
+	$(PY) -m pytest -q --durations=0 tests/podman
 
 run: $(VENV)/.runtime
 	@echo "make: amprl run cartpole-dqn (DQN on CartPole-v1; the run folder lands in runs/)"

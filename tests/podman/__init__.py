@@ -1,0 +1,1 @@
+"""The chart's pods under podman (``make pod-check``)."""
