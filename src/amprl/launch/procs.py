@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -110,6 +111,15 @@ def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                                 cwd=cwd, start_new_session=True)
     return Service(name, proc, log_path, port_file)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, for a service whose address others need before it
+    serves (the evaluator's, which workers poll). Another process could take it before the
+    service binds it: the service then fails at start, naming the port."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def start_service(name: str, module: str, args: list[str], log_dir: Path, env: dict | None = None,

@@ -173,6 +173,13 @@ class Progress:
         return [e for ev in self.infos("evaluator") for e in ev.evaluations]
 
     @property
+    def run_state(self) -> Any:
+        """The evaluator's RunState (whether the run goes on, and why it ended); None
+        before it answers, or without an evaluator."""
+        evaluators = self.infos("evaluator")
+        return evaluators[0].run_state if evaluators else None
+
+    @property
     def recent_return(self) -> float | None:
         """Mean training-episode return of the actors that have finished an episode
         (ActorServiceInfoResponse.recent_return); None before any has."""

@@ -18,11 +18,13 @@ update count (so the annealing of replay's β, by updates) and each actor's ε w
 The run keeps its config (``RUN_DIR/config.yaml``). ``--set`` may change only the keys of
 ``RESUME_KEYS``: when to stop, how often to evaluate, and how the processes use the machine
 (``deploy``), none of which changes what is learned; anything else is refused (start a
-new run with ``--init-from`` to change it). The step budget counts the whole run's env
-steps, so a run that stopped at its budget needs a larger ``run.total_env_steps``;
-``run.max_wall_seconds`` counts this invocation's time. ``summary.json`` at the end covers
-the whole run: updates and wall time add up over its ``segments``, the evaluations are
-those of ``eval.jsonl``.
+new run with ``--init-from`` to change it). The stop rule counts the whole run, as on a
+cluster after a pod restart: the step budget its env steps, ``run.max_wall_seconds`` the
+evaluator's clock (which goes on from ``eval.jsonl``), and an evaluation that reached the
+target counts too; a run that stopped at a limit needs a larger one (the evaluator keeps
+its verdict in ``end.json`` until the run section changes). ``summary.json`` at the end
+covers the whole run: updates and wall time add up over its ``segments``, the evaluations
+are those of ``eval.jsonl``.
 
 ``--init-from`` copies the source run's best weights (``best/``, else its newest
 checkpoint) into ``RUN/init/`` and the new run's parameter server starts from them
@@ -38,6 +40,7 @@ import os
 import shutil
 from pathlib import Path
 
+from amprl.common import runend
 from amprl.config import ExperimentConfig, load_config, resolve_config
 from amprl.errors import ConfigError
 
@@ -91,6 +94,11 @@ def run_config(args: argparse.Namespace, default_config: str) -> ExperimentConfi
         raise ConfigError(f"--resume {run_dir}: the run has {done} env steps, no fewer than its budget "
                           f"(run.total_env_steps {cfg.run.total_env_steps}): raise it, e.g. "
                           f"--set run.total_env_steps={done + cfg.run.total_env_steps}")
+    ended = _read_json(run_dir / "end.json")  # the evaluator's verdict (amprl.common.runend)
+    if ended.get("rule") == runend.rule_of(cfg.run):
+        raise ConfigError(f"--resume {run_dir}: the run ended ({ended.get('reason', '?')}) and would "
+                          f"end again at once under the same run section: change "
+                          f"{', '.join('run.' + k for k in runend.RULE_KEYS)}")
     args.run_dir = str(run_dir)
     return cfg
 
@@ -175,15 +183,10 @@ def whole_run(summary: dict, previous: dict, run_dir: Path, target_return: float
     if not evals:
         return out
     first_hit = next((e for e in evals if e["mean_return"] >= target_return), None)
+    # times of evaluations are the evaluator's clock, which goes on over the segments
     out.update(solved=first_hit is not None,
                best_eval_return=max(e["mean_return"] for e in evals),
                final_eval_return=evals[-1]["mean_return"], final_eval_std=evals[-1]["std_return"],
-               steps_to_target=first_hit["env_steps"] if first_hit else None)
-    if previous.get("solved") and previous.get("target_return") == target_return:
-        out["time_to_target_seconds"] = previous.get("time_to_target_seconds")
-    elif summary.get("time_to_target_seconds") is not None:
-        out["time_to_target_seconds"] = round(float(previous.get("wall_seconds") or 0)
-                                              + summary["time_to_target_seconds"], 2)
-    elif first_hit is not None:  # reached earlier under another target: the evaluator's clock
-        out["time_to_target_seconds"] = first_hit["wall_seconds"]
+               steps_to_target=first_hit["env_steps"] if first_hit else None,
+               time_to_target_seconds=first_hit["wall_seconds"] if first_hit else None)
     return out

@@ -3,8 +3,10 @@
 Starts an embedded Redis (a real redis-server), then replay, parameter server, learner,
 ``actor.num_actors`` actors and the evaluator, each as its own OS process talking gRPC on
 loopback; shows live progress (``amprl.launch.progress``: in place on a terminal, a line
-a second otherwise); stops at the target eval return, the step budget, the wall
-limit, Ctrl-C, or when any service dies (whose log tail is shown). ``--resume RUN_DIR``
+a second otherwise); stops when the evaluator says the run has ended (the target eval
+return, the step budget or the wall limit: ``amprl.common.runend``; the workers idle by
+themselves then, as on a cluster), on Ctrl-C, or when any service dies (whose log tail is
+shown). ``--resume RUN_DIR``
 goes on with a stopped run, ``--init-from RUN_DIR`` starts from another run's weights
 (``amprl.launch.resume``). With ``--tls`` every
 connection is mutual TLS and each service holds only its own role's certificate
@@ -14,6 +16,8 @@ connection is mutual TLS and each service holds only its own role's certificate
                             logs/<service>.log
                             checkpoints/      parameter server checkpoints (final one included)
                             eval.jsonl        every evaluation
+                            best/             the best-scoring weights and their config
+                            end.json          the evaluator's verdict: why the run ended
                             services.json     name -> pid, address, log, metrics (its /metrics URL)
                             tb/<service>/     TensorBoard event files (tensorboard --logdir)
                             summary.json      solved, final_eval_return, env_steps, updates, ...
@@ -35,9 +39,10 @@ from pathlib import Path
 from typing import Callable
 
 from amprl.cli import debug
-from amprl.config import ExperimentConfig, dump_config, packaged_configs
+from amprl.common import runend
+from amprl.config import dump_config, packaged_configs
 from amprl.launch import resume
-from amprl.launch.procs import Service, set_nice, start_service, stop_services
+from amprl.launch.procs import Service, free_port, set_nice, start_service, stop_services
 from amprl.launch.progress import Progress, ProgressDisplay, role_of_service
 from amprl.launch.startup import check_experiment, wait_started
 
@@ -82,31 +87,28 @@ def tls_env(args, run_dir: Path) -> Callable[[str], dict[str, str]]:
                          grpcutil.TLS_SERVER_NAME_ENV: server_name}
 
 
-def stop_reason(cfg: ExperimentConfig, progress: Progress, elapsed: float) -> str:
-    """Why a healthy run stops now ("" = it goes on): the target reached (with
+def stop_reason(progress: Progress) -> str:
+    """Why a healthy run stops now ("" = it goes on): the evaluator's verdict, read from its
+    Info as workers, ``amprl status`` and the chart's done Job read it. The evaluator judges
+    the rule of the run section (``amprl.common.runend``): the target reached (with
     ``run.stop_at_target``), the step budget or the wall-clock limit."""
-    if cfg.run.stop_at_target and any(e.mean_return >= cfg.run.target_return for e in progress.evaluations):
-        return "target reached"
-    if progress.env_steps >= cfg.run.total_env_steps:
-        return "step budget reached"
-    if cfg.run.max_wall_seconds and elapsed >= cfg.run.max_wall_seconds:
-        return "wall-clock limit reached"
-    return ""
+    state = progress.run_state
+    if state is None or state.phase not in (runend.STOPPING, runend.FINISHED):
+        return ""
+    return runend.REASONS.get(state.stop_reason, "ended")
 
 
-def evaluate_final_policy(services: list[Service], learner: Service, evaluator: Service,
-                          progress: Progress, eval_interval_s: float) -> None:
-    """Freezes the weights (actors first: with the learner gone, a rate-limited insert would
-    wait out its deadline), then waits until the evaluator has evaluated the final version."""
-    stop_services([s for s in services if s.name.startswith("actor")] + [learner])
-    progress.poll()
-    final_version = progress.version
-    deadline = time.monotonic() + eval_interval_s + 120
+def wait_until_finished(progress: Progress, evaluator: Service, timeout_s: float) -> None:
+    """Waits while the evaluator ends the run: the workers stop at their next poll, the
+    weights settle, the evaluator evaluates them once more and writes the summary."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and evaluator.alive():
         progress.poll()
-        if progress.evaluations and progress.evaluations[-1].param_version >= final_version:
-            break
+        state = progress.run_state
+        if state is not None and state.phase == runend.FINISHED:
+            return
         time.sleep(0.25)
+    log.warning("the evaluator did not finish the run within %.0f s", timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,10 +177,15 @@ def main(argv: list[str] | None = None) -> int:
         wait_started(replay)
         wait_started(ps)
         addrs = ["--replay", replay.address, "--paramserver", ps.address]
-        learner = start("learner", "amprl.learner", [*addrs, "--id", "learner-0"])
-        actors = [start(f"actor-{i}", "amprl.actor", [*addrs, "--id", f"actor-{i}"])
+        # workers follow the evaluator's verdict on the run's end (amprl.common.runend); its
+        # port is chosen now so that it starts with them and its clock with theirs
+        evaluator_port = free_port()
+        workers = [*addrs, "--evaluator", f"127.0.0.1:{evaluator_port}"]
+        learner = start("learner", "amprl.learner", [*workers, "--id", "learner-0"])
+        actors = [start(f"actor-{i}", "amprl.actor", [*workers, "--id", f"actor-{i}"])
                   for i in range(cfg.actor.num_actors)]
-        evaluator = start("evaluator", "amprl.evaluator", [*addrs, "--id", "evaluator"])
+        evaluator = start("evaluator", "amprl.evaluator",
+                          [*addrs, "--id", "evaluator", "--port", str(evaluator_port)])
         for svc in [learner, *actors, evaluator]:
             wait_started(svc)
         (run_dir / "services.json").write_text(json.dumps(
@@ -188,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         display = ProgressDisplay(progress, cfg.run, interval_s=args.progress_interval,
                                   title=f"amprl run {cfg.name}: {run_dir}")
         startup = time.monotonic() - t0
-        t0, t0_unix = time.monotonic(), time.time()
+        t0 = time.monotonic()
         reason = ""
         while True:
             time.sleep(0.25)
@@ -204,36 +211,28 @@ def main(argv: list[str] | None = None) -> int:
                 break
             progress.poll()
             display.update(elapsed)
-            reason = stop_reason(cfg, progress, elapsed)
+            reason = stop_reason(progress)
             if reason:
                 break
         display.close()
         print(f"amprl run: stopping ({reason})", flush=True)
-        if failure is None and reason in ("step budget reached", "wall-clock limit reached"):
-            evaluate_final_policy(services, learner, evaluator, progress, cfg.evaluator.interval_s)
+        if failure is None and not interrupted["flag"]:
+            wait_until_finished(progress, evaluator, cfg.evaluator.interval_s + 180)
+        # the weights are final once the learner is gone (it idles already)
+        stop_services([s for s in services if s.name.startswith("actor")] + [learner])
         wall = time.monotonic() - t0
         progress.poll()
-        evals = progress.evaluations
-        first_hit = next((e for e in evals if e.mean_return >= cfg.run.target_return), None)
-        summary = {
-            "name": cfg.name, "algo": cfg.algo, "env_id": cfg.env.id, "stop_reason": reason,
-            "solved": first_hit is not None,
-            "target_return": cfg.run.target_return,
-            "final_eval_return": evals[-1].mean_return if evals else None,
-            "final_eval_std": evals[-1].std_return if evals else None,
-            "best_eval_return": max((e.mean_return for e in evals), default=None),
-            "env_steps": progress.env_steps, "updates": progress.updates,
-            "replay_size": progress.replay_size,
+        summary = runend.summary(cfg, reason, progress.evaluations, env_steps=progress.env_steps,
+                                 param_version=progress.version, wall_seconds=wall,
+                                 replay_size=progress.replay_size, run_dir=run_dir)
+        summary.update({
+            "updates": progress.updates,
             # the learner's mean Q(s, a) over its last 50 updates (see LearnerStats.q_mean)
             "learner_q_mean": round(progress.q_mean, 3),
-            "param_version": progress.version, "wall_seconds": round(wall, 2),
-            # measured from the moment every service was serving (startup_seconds before it)
-            "time_to_target_seconds": round(first_hit.unix_time - t0_unix, 2) if first_hit else None,
-            "steps_to_target": first_hit.env_steps if first_hit else None,
-            "evaluations": len(evals),
+            # wall_seconds counts from the moment every service was serving, this long after start
             "startup_seconds": round(startup, 2),
             "error": failure,
-        }
+        })
     finally:
         if display is not None:
             display.close()
@@ -254,12 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     if summary:
         if previous is not None:  # resumed: the summary covers the whole run
             summary = resume.whole_run(summary, previous, run_dir, cfg.run.target_return)
-        best = run_dir / "best" / "best.json"  # the evaluator's best-scoring weights
-        if best.exists():
-            record = json.loads(best.read_text())
-            summary["best"] = {"param_version": record["param_version"],
-                               "mean_return": record["mean_return"],
-                               "weights": f"best/{record['weights']}", "config": "best/config.yaml"}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(json.dumps({k: v for k, v in summary.items() if k != "error"}), flush=True)
         if (run_dir / "eval.jsonl").exists():
