@@ -4,13 +4,18 @@
     amprl status --replay H:P --paramserver H:P --learner H:P --evaluator H:P --actor H:P ...
                                           any system, e.g. through kubectl port-forward
     amprl status RUN_DIR --json           the same figures as one JSON object, for scripts
+    amprl status --evaluator H:P --wait   wait until the run has finished, then show it
 
 Asks every service for its health (grpc.health.v1) and Info twice, ``--interval`` seconds
 apart, for the rates (``--interval 0``: once, no rates): replay size and inserts/samples per
 second, actors live, the parameter server's version and staleness counts, each learner's
 updates/s and lag behind the server, each actor's env steps and training return, the last
-evaluation. Exit status 0 when every service is SERVING, 1 when one is not (named, with the
-reason), 2 for a usage error.
+evaluation, and the run's state as the evaluator decides it (running, stopping, finished
+with its reason and summary). Exit status 0 when every service is SERVING, 1 when one is not
+(named, with the reason), 2 for a usage error. With ``--wait``: the evaluator is asked
+every ``--interval`` seconds (at least 1) until it reports the run finished, then the
+status is shown and the exit status is 0 (what the chart's done Job runs, which
+``kubectl wait --for=condition=complete`` waits on).
 
 Mutual TLS: RUN_DIR/tls/operator when the run has one (``amprl run --tls``), DIR/operator
 with ``--certs DIR`` (``amprl certs DIR``), else AMPRL_TLS_CERT_DIR from the environment;
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from amprl import errors
+from amprl.common import runend
 from amprl.launch.progress import Progress, ServiceState
 
 ROLE_FLAGS = ("replay", "paramserver", "learner", "actor", "evaluator")
@@ -47,6 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=3.0, help="seconds each call may take")
     p.add_argument("--certs", type=Path, default=None, metavar="DIR",
                    help="mutual TLS with DIR/operator (a folder made by `amprl certs DIR`)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait until the evaluator reports the run finished (exit 0), then show it")
     return p.parse_args(argv)
 
 
@@ -141,6 +149,20 @@ def version_of(role: str, d: dict[str, Any]) -> int | None:
     return d.get("version", d.get("param_version"))
 
 
+def run_of(progress: Progress) -> dict[str, Any] | None:
+    """The run's state from the evaluator's Info (None without an answer from one):
+    phase, stop_reason ("" while running), env_steps, wall_seconds and, once finished, the
+    summary."""
+    evaluators = progress.infos("evaluator")
+    if not evaluators:
+        return None
+    info = evaluators[0]
+    state = info.run_state
+    return {"phase": runend.phase_name(state.phase), "stop_reason": runend.REASONS.get(state.stop_reason, ""),
+            "env_steps": state.env_steps, "wall_seconds": round(state.wall_seconds, 1),
+            "summary": json.loads(info.summary_json) if info.summary_json else None}
+
+
 def snapshot(progress: Progress, interval_s: float, run_dir: Path | None = None) -> dict[str, Any]:
     """Everything ``amprl status`` reports, as the JSON object ``--json`` prints."""
     rates = (progress.rates() or None) if interval_s > 0 else None
@@ -159,7 +181,7 @@ def snapshot(progress: Progress, interval_s: float, run_dir: Path | None = None)
              "last_eval_return": evals[-1].mean_return if evals else None}
     out: dict[str, Any] = {"run_dir": str(run_dir) if run_dir else None, "ok": not down, "down": down,
                            "rate_seconds": interval_s if rates is not None else None,
-                           "services": services, "fleet": fleet}
+                           "services": services, "fleet": fleet, "run": run_of(progress)}
     if run_dir is not None:
         summary = run_dir / "summary.json"
         if summary.exists():
@@ -225,7 +247,16 @@ def screen(snap: dict[str, Any]) -> str:
         lines.append(f"not serving: {len(snap['down'])} of {len(services)}")
         lines += [f"  {name}: {services[name]['health']}"
                   + (f" ({services[name]['error']})" if services[name]["error"] else "") for name in snap["down"]]
-    if "finished" in snap:
+    run = snap.get("run")
+    if run is not None and run["phase"] in ("stopping", "finished"):
+        lines.append(f"the run {'has finished' if run['phase'] == 'finished' else 'is stopping'} "
+                     f"({run['stop_reason']}, the evaluator's verdict at {run['env_steps']:,} env steps, "
+                     f"{run['wall_seconds']:,.0f} s)")
+        if run["summary"]:
+            s = run["summary"]
+            lines.append(f"  final eval {_n(s.get('final_eval_return'), '.1f')}, best "
+                         f"{_n(s.get('best_eval_return'), '.1f')}, solved: {'yes' if s.get('solved') else 'no'}")
+    elif "finished" in snap:
         lines.append(f"the run has finished ({snap['finished']}; summary.json)")
     return "\n".join(lines)
 
@@ -242,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"amprl status: {exc}", file=sys.stderr)
         return 2
     try:
+        if args.wait:
+            if wait_until_finished(progress, max(args.interval, 1.0)) is None:
+                print("amprl status: --wait needs the evaluator's address (--evaluator H:P, or a "
+                      "RUN_DIR): it decides when the run ends", file=sys.stderr)
+                return 2
         progress.poll(health=True)
         if args.interval > 0 and any(s.info is not None for s in progress.services.values()):
             time.sleep(args.interval)
@@ -253,7 +289,27 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(snap, indent=2) if args.json else screen(snap), flush=True)
     except BrokenPipeError:  # `amprl status --json | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0 if snap["ok"] else 1
+    return 0 if snap["ok"] or args.wait else 1
+
+
+def wait_until_finished(progress: Progress, interval_s: float) -> bool | None:
+    """Polls until the evaluator's Info says FINISHED (True); None without an evaluator.
+    A call that fails (the evaluator restarting) is retried at the next interval."""
+    evaluators = [s for s in progress.services.values() if s.role == "evaluator"]
+    if not evaluators:
+        return None
+    reported = ""
+    while True:
+        progress.poll()
+        state = progress.run_state
+        phase = runend.phase_name(state.phase) if state is not None else "unknown"
+        if phase != reported:  # one line per change, for the Job's log
+            why = f" ({runend.REASONS.get(state.stop_reason, '')})" if state is not None and state.stop_reason else ""
+            print(f"amprl status: the run is {phase}{why}", flush=True)
+            reported = phase
+        if state is not None and state.phase == runend.FINISHED:
+            return True
+        time.sleep(interval_s)
 
 
 if __name__ == "__main__":

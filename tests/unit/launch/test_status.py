@@ -122,3 +122,28 @@ def test_an_evaluator_without_evaluations_says_so():
     snap = snapshot(p, interval_s=0)
     assert snap["services"]["evaluator"]["version"] is None
     assert "no evaluation yet" in screen(snap)
+
+
+def test_the_evaluators_verdict_is_shown_with_the_summary_once_the_run_has_finished():
+    p = serving(Progress({"evaluator": "127.0.0.1:1"}))
+    state = telemetry_pb2.RunState(phase=telemetry_pb2.RUN_PHASE_RUNNING, env_steps=500, wall_seconds=12.0)
+    p.services["evaluator"].info = telemetry_pb2.EvaluatorServiceInfoResponse(run_state=state)
+    snap = snapshot(p, interval_s=0)
+    assert snap["run"] == {"phase": "running", "stop_reason": "", "env_steps": 500, "wall_seconds": 12.0,
+                           "summary": None}
+    assert "the run" not in screen(snap)
+    state.phase, state.stop_reason = telemetry_pb2.RUN_PHASE_FINISHED, telemetry_pb2.STOP_REASON_STEP_BUDGET
+    summary = {"stop_reason": "step budget reached", "final_eval_return": 180.0, "best_eval_return": 212.5,
+               "solved": False}
+    p.services["evaluator"].info = telemetry_pb2.EvaluatorServiceInfoResponse(
+        run_state=state, summary_json=json.dumps(summary))
+    snap = snapshot(p, interval_s=0)
+    assert snap["run"]["phase"] == "finished" and snap["run"]["summary"] == summary
+    text = screen(snap)
+    assert "the run has finished (step budget reached, the evaluator's verdict at 500 env steps, 12 s)" in text
+    assert "final eval 180.0, best 212.5, solved: no" in text
+
+
+def test_wait_needs_the_evaluator_which_decides_the_end(capsys):
+    assert amprl(["status", "--replay", f"127.0.0.1:{closed_port()}", "--wait"]) == 2
+    assert "--wait needs the evaluator's address" in capsys.readouterr().err
