@@ -15,6 +15,14 @@ DOMAIN = "cluster.local"
 COMPONENT = "app.kubernetes.io/component"
 
 # (client component, env var, server component, the server's container port name)
+# The run's end: the evaluator reads replay's env-step count and decides; actors and
+# learners poll it, and the done Job waits on it.
+RUN_END_ADDRESSES = [
+    ("actor", "AMPRL_EVALUATOR_ADDRESS", "evaluator", "grpc"),
+    ("learner", "AMPRL_EVALUATOR_ADDRESS", "evaluator", "grpc"),
+    ("evaluator", "AMPRL_REPLAY_ADDRESS", "replay", "grpc"),
+    ("done", "AMPRL_EVALUATOR_ADDRESS", "evaluator", "grpc"),
+]
 CLIENT_ADDRESSES = [
     ("actor", "AMPRL_REPLAY_ADDRESS", "replay", "grpc"),
     ("actor", "AMPRL_PARAMSERVER_ADDRESS", "paramserver", "grpc-pull"),
@@ -22,6 +30,7 @@ CLIENT_ADDRESSES = [
     ("learner", "AMPRL_PARAMSERVER_ADDRESS", "paramserver", "grpc"),
     ("evaluator", "AMPRL_PARAMSERVER_ADDRESS", "paramserver", "grpc-pull"),
     ("replay", "AMPRL_REDIS_URL", "redis", "redis"),
+    *RUN_END_ADDRESSES,
 ]
 # With pull-only followers, actors and the evaluator pull from them, and they follow the
 # parameter server's pull port.
@@ -33,6 +42,7 @@ CLIENT_ADDRESSES_WITH_FOLLOWERS = [
     ("evaluator", "AMPRL_PARAMSERVER_ADDRESS", "paramserver-follower", "grpc"),
     ("paramserver-follower", "AMPRL_FOLLOW", "paramserver", "grpc-pull"),
     ("replay", "AMPRL_REDIS_URL", "redis", "redis"),
+    *RUN_END_ADDRESSES,
 ]
 
 
@@ -47,7 +57,7 @@ def data_flows(value_set: str) -> set[tuple[str, str, str]]:
 
 
 # Who may ask DNS: every client and server except Redis, which dials nothing.
-DNS_CLIENTS = {"actor", "learner", "evaluator", "replay", "paramserver", "paramserver-follower"}
+DNS_CLIENTS = {"actor", "learner", "evaluator", "replay", "paramserver", "paramserver-follower", "done"}
 
 KUBE_DNS = Pod("coredns-0", "kube-system", {"k8s-app": "kube-dns"},
                (("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")))

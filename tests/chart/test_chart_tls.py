@@ -37,14 +37,16 @@ GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$")
 
 
 def role_of(component: str) -> str:
-    """The role whose certificate a component's pods hold (followers serve as paramserver)."""
-    return "paramserver" if component == "paramserver-follower" else component
+    """The role whose certificate a component's pods hold (followers serve as paramserver;
+    the done Job's pod, which only reads the run's state, holds the operator's)."""
+    return {"paramserver-follower": "paramserver", "done": "operator"}.get(component, component)
 
 
-def amprl_pods(docs):
-    """(component, pod spec, the AMP-RL container) of every workload except Redis."""
+def amprl_pods(docs, jobs: bool = False):
+    """(component, pod spec, the AMP-RL container) of every workload except Redis (with
+    ``jobs``, the done Job's pod too: a client that serves nothing)."""
     for doc in docs:
-        if doc["kind"] in ("Deployment", "StatefulSet"):
+        if doc["kind"] in ("Deployment", "StatefulSet") + (("Job",) if jobs else ()):
             pod = doc["spec"]["template"]["spec"]
             if pod["containers"][0]["name"] != "redis":
                 yield doc["metadata"]["labels"][COMPONENT], pod, pod["containers"][0]
@@ -84,7 +86,7 @@ def test_each_pod_mounts_only_its_own_roles_secret(rendered, value_set):
     docs, _ = rendered[value_set]
     tls_secrets = {expected_secret(value_set, r) for r in SERVICE_ROLES + ("operator",)}
     seen = set()
-    for component, pod, c in amprl_pods(docs):
+    for component, pod, c in amprl_pods(docs, jobs=True):
         role = role_of(component)
         own = expected_secret(value_set, role)
         assert secret_names(pod) & tls_secrets == {own}, (component, secret_names(pod))
@@ -98,7 +100,7 @@ def test_each_pod_mounts_only_its_own_roles_secret(rendered, value_set):
         assert env["AMPRL_TLS_CERT_DIR"] == "/etc/amprl/tls"
         assert env["AMPRL_TLS_SERVER_NAME"] == server_name(value_set)
         seen.add(role)
-    assert seen == set(SERVICE_ROLES)
+    assert seen == set(SERVICE_ROLES) | {"operator"}  # the done Job's pod: the operator's
     # Redis holds no gRPC key pair.
     for doc in docs:
         if doc["kind"] == "StatefulSet" and doc["metadata"]["labels"][COMPONENT] == "redis":
@@ -140,7 +142,10 @@ def test_cert_manager_without_tls_renders_no_certificates():
 def test_certificates_name_each_role_as_the_servers_read_it(rendered, value_set):
     docs, _ = rendered[value_set]
     certs = certificates(docs)
-    operator = VALUE_SETS[value_set]["tls"]["certManager"].get("operator", False)
+    # the operator's certificate: for people (certManager.operator), and for the done Job
+    values = VALUE_SETS[value_set]
+    operator = (values["tls"]["certManager"].get("operator", False)
+                or values.get("done", {}).get("enabled", True))
     assert set(certs) == set(SERVICE_ROLES) | ({"operator"} if operator else set())
     issuer = {"kind": "Issuer", "group": "cert-manager.io",
               **VALUE_SETS[value_set]["tls"]["certManager"]["issuerRef"]}
@@ -164,7 +169,7 @@ def test_certificates_name_each_role_as_the_servers_read_it(rendered, value_set)
 def test_certificates_issue_exactly_the_secrets_the_pods_mount(rendered, value_set):
     docs, _ = rendered[value_set]
     certs = certificates(docs)
-    for component, pod, _ in amprl_pods(docs):
+    for component, pod, _ in amprl_pods(docs, jobs=True):
         mounted = {v["name"]: v for v in pod["volumes"]}["tls"]["secret"]["secretName"]
         assert certs[role_of(component)]["spec"]["secretName"] == mounted, component
     issued = [c["spec"]["secretName"] for c in certs.values()]
@@ -178,7 +183,7 @@ def test_every_client_finds_the_name_it_expects_in_its_servers_certificate(rende
     probe dials its own pod with its own certificate, so the same holds for each pod."""
     docs, _ = rendered[value_set]
     certs = certificates(docs)
-    pods = {component: (pod, c) for component, pod, c in amprl_pods(docs)}
+    pods = {component: (pod, c) for component, pod, c in amprl_pods(docs, jobs=True)}
     by_secret = {cert["spec"]["secretName"]: cert for cert in certs.values()}
     flows = {(client, server) for client, _, server, _ in client_addresses(value_set) if server != "redis"}
     flows |= {(component, component) for component in pods}  # the probes

@@ -231,11 +231,63 @@ spec:
 {{- end -}}
 
 {{/*
+The experiment file every service reads (AMPRL_CONFIG), as text: experimentFile as is when
+set (`--set-file experimentFile=configs/pong-apex.yaml`), else the experiment mapping as
+YAML. A file that is not a YAML mapping fails the render. Templates that need a key read
+it from (fromYaml (include "amprl.experimentText" .)).
+*/}}
+{{- define "amprl.experimentText" -}}
+{{- if .Values.experimentFile -}}
+{{- $parsed := fromYaml .Values.experimentFile -}}
+{{- if hasKey $parsed "Error" -}}
+{{- fail (printf "experimentFile is not a YAML mapping: %s" (get $parsed "Error")) -}}
+{{- end -}}
+{{- .Values.experimentFile -}}
+{{- else -}}
+{{- toYaml .Values.experiment -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+AMPRL_EVALUATOR_ADDRESS: the evaluator's Service. Actors and learners ask it whether the
+run goes on; the done Job waits on it.
+*/}}
+{{- define "amprl.evaluatorAddress" -}}
+{{- printf "%s.%s:%d" (include "amprl.componentName" (dict "ctx" . "component" "evaluator")) (include "amprl.svcDomain" .) (int .Values.evaluator.port) -}}
+{{- end -}}
+
+{{/*
+Env of a worker (actor, learner) that follows the run's end: the evaluator's address, when
+there is an evaluator (without one the run goes on until the release is removed).
+*/}}
+{{- define "amprl.runEndEnv" -}}
+{{- if .Values.evaluator.enabled }}
+# The evaluator decides when the run ends; workers then stop and idle (no exit, no restart).
+- name: AMPRL_EVALUATOR_ADDRESS
+  value: {{ include "amprl.evaluatorAddress" . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* A NetworkPolicy egress rule to the evaluator's port; "" without an evaluator. */}}
+{{- define "amprl.evaluatorEgress" -}}
+{{- if .Values.evaluator.enabled }}
+# The run's state (GetRunState): the evaluator decides when the run ends.
+- to:
+    - podSelector:
+        matchLabels:
+          {{- include "amprl.selectorLabels" (dict "ctx" . "component" "evaluator") | nindent 10 }}
+  ports:
+    - port: {{ .Values.evaluator.port }}
+      protocol: TCP
+{{- end }}
+{{- end -}}
+
+{{/*
 Pod-template annotations of the AMP-RL workloads: roll pods when the experiment config
 changes; with metrics.enabled, where annotation-based Prometheus configs scrape them.
 */}}
 {{- define "amprl.podAnnotations" -}}
-checksum/experiment: {{ toYaml .Values.experiment | sha256sum }}
+checksum/experiment: {{ include "amprl.experimentText" . | sha256sum }}
 {{- if .Values.metrics.enabled }}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .Values.metrics.port | quote }}
