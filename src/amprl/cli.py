@@ -4,6 +4,7 @@
   amprl replay|paramserver|learner|actor|evaluator [flags]   one service (a pod's command)
   amprl enjoy RUN_DIR | export RUN_DIR -o policy.pt   use what a run learned
   amprl plot RUN_DIR... -o curves.png  eval return against env steps and wall time
+  amprl fetch --evaluator H:P DIR      a live run's results (history, best weights, summary)
   amprl certs DIR                      a development CA and one certificate per role (mTLS)
   amprl status [RUN_DIR | --replay H:P ...] [--json]   health and progress of a running system
 
@@ -34,6 +35,7 @@ SERVICES = {
     "enjoy": "amprl.launch.agent:enjoy_main",
     "export": "amprl.launch.agent:export_main",
     "plot": "amprl.launch.plot:main",
+    "fetch": "amprl.launch.fetch:main",
     "certs": "amprl.common.certs:main",
     "status": "amprl.launch.status",
 }

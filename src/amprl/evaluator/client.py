@@ -143,7 +143,8 @@ def work_until_run_ends(work: Callable[[threading.Event], None], stop: threading
                         watch: RunEndWatch | None, on_end: Callable[[], None]) -> None:
     """Runs ``work(event)`` (a worker's loop, which returns once the event is set) until
     ``stop`` or the run's end; at the end, ``on_end()`` (the worker stops its threads) and
-    an idle wait for ``stop``. Without a watch: ``work(stop)``."""
+    an idle wait for ``stop``, still asking every ``poll_s`` so that the phase its Info
+    reports follows the evaluator's. Without a watch: ``work(stop)``."""
     if watch is None:
         work(stop)
         return
@@ -154,4 +155,5 @@ def work_until_run_ends(work: Callable[[threading.Event], None], stop: threading
     name = telemetry_pb2.StopReason.Name(watch.reason)
     log.info("the run has ended (%s): stopping work; idle until this process is stopped", name)
     on_end()
-    stop.wait()
+    while not stop.wait(watch.poll_s):
+        watch.check()  # keeps the phase in Info current (STOPPING -> FINISHED)

@@ -2,13 +2,17 @@
 
     amprl enjoy RUN_DIR [--episodes N] [--seed S] [--render | --video out.mp4] [--best | --final]
     amprl export RUN_DIR -o policy.pt [--format torchscript|exported_program|state_dict] [--best | --final]
-    amprl export --paramserver HOST:PORT --config CONFIG -o policy.pt   (a live run's weights)
+    amprl export --paramserver HOST:PORT --config CONFIG -o policy.pt [--certs DIR]
+                                                              (a live run's newest weights)
 
 The weights are the run's best-scoring version (``--best``, the default: ``RUN_DIR/best/``,
 kept by the evaluator with the config that rebuilds its network) or its last one
 (``--final``: the newest parameter-server checkpoint in ``RUN_DIR/checkpoints/``, read with
 ``torch.load(weights_only=True)`` after its checksum), or with ``--paramserver`` a running
-parameter server's, pulled over gRPC (e.g. through ``kubectl port-forward``).
+parameter server's, pulled over gRPC (e.g. through ``kubectl port-forward``; with mutual TLS
+as the operator: ``--certs DIR`` for DIR/operator as ``amprl certs DIR`` makes it). A live
+run's best weights come with ``amprl fetch --evaluator HOST:PORT DIR`` and then
+``amprl export DIR``.
 
 ``enjoy`` prints the greedy episodes' mean and spread of return as one JSON line.
 ``--render`` shows each episode in a window (a display is needed); ``--video out.mp4`` writes
@@ -204,6 +208,8 @@ def parse_args(argv: list[str] | None, command: str) -> argparse.Namespace:
         p.add_argument("--paramserver", default="", metavar="HOST:PORT",
                        help="pull the weights from a running parameter server instead")
         p.add_argument("--config", default="", help="with --paramserver: the run's experiment file")
+        p.add_argument("--certs", type=Path, default=None, metavar="DIR",
+                       help="with --paramserver: mutual TLS with DIR/operator (`amprl certs DIR`)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--best", dest="final", action="store_false", default=False,
                        help="the best-scoring version the evaluator kept (default)")
@@ -223,6 +229,9 @@ def main(argv: list[str] | None = None, command: str = "enjoy") -> int:
             if not args.config:
                 raise errors.ConfigError("--paramserver needs --config (the run's experiment file, "
                                          "to rebuild the network)")
+            if args.certs is not None:
+                from amprl.launch.status import use_certificate
+                use_certificate(args.certs / "operator")
             version, tensors = _pull(args.paramserver)
             w = Weights(load_config(args.config), version, tensors, "paramserver")
         elif args.run_dir is not None:

@@ -2,7 +2,9 @@
 
 ``system`` (module scope) starts an embedded Redis, then replay, the parameter server (main
 port + pull port), a learner and an evaluator as OS processes, each configured only through
-the environment, as the chart configures pods. Actors are added and removed by the tests
+the environment, as the chart configures pods (the evaluator reads replay's Info; the
+learner and actors ask the evaluator whether the run goes on; ``running_system(...,
+tls=ROLE_DIRS)`` gives each process its role's certificate, as each pod mounts its own). Actors are added and removed by the tests
 (``system.start_actor`` / ``system.stop_actor``). Every process runs in its own process
 group (``amprl.launch.procs``, the supervisor ``amprl run`` uses) and is stopped through it
 at teardown, whatever happened.
@@ -178,13 +180,16 @@ class System:
     ports: dict[str, int]
     actors: dict[str, Service] = field(default_factory=dict)
     cpu: CpuLimit | None = None
+    role_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """With TLS: each role's AMPRL_TLS_* variables (its own certificate folder)."""
 
     def start_actor(self, actor_id: str) -> Service:
         """An actor started as a pod would be: only environment variables, no flags (its
         status port is fixed in advance, as the chart's containerPort is)."""
         port = free_port()
-        proc = spawn(actor_id, "actor", clean_env(**self.env, AMPRL_ID=actor_id, AMPRL_PORT=str(port),
-                                                   AMPRL_HOST="127.0.0.1"), self.root / "logs")
+        proc = spawn(actor_id, "actor", clean_env(**self.env, **self.role_env.get("actor", {}), AMPRL_ID=actor_id,
+                                                   AMPRL_PORT=str(port), AMPRL_HOST="127.0.0.1"),
+                     self.root / "logs")
         self.actors[actor_id] = proc
         self.ports[actor_id] = port
         return proc
@@ -213,9 +218,12 @@ class System:
 
 
 @contextlib.contextmanager
-def running_system(root: Path, config_text: str):
+def running_system(root: Path, config_text: str, tls: dict[str, Path] | None = None):
     """Starts Redis, replay, the parameter server, a learner and an evaluator for the
-    experiment ``config_text`` under ``root``; yields the System; stops all at exit."""
+    experiment ``config_text`` under ``root`` (with ``tls``, {role: certificate folder},
+    mutual TLS with each role's own); yields the System; stops all at exit."""
+    role_env = {role: {"AMPRL_TLS_CERT_DIR": str(folder), "AMPRL_TLS_SERVER_NAME": "amprl.test"}
+                for role, folder in (tls or {}).items()}
     logs = root / "logs"
     logs.mkdir()
     config = root / "experiment.yaml"
@@ -229,29 +237,35 @@ def running_system(root: Path, config_text: str):
     try:
         base = dict(AMPRL_CONFIG=str(config), AMPRL_HOST="127.0.0.1", AMPRL_LIVE_WINDOW_S=str(LIVE_WINDOW_S))
         services["replay"] = spawn("replay", "replay", clean_env(
-                                       **base, AMPRL_REDIS_URL=redis.url, AMPRL_REDIS_USERNAME=user.name,
+                                       **base, **role_env.get("replay", {}), AMPRL_REDIS_URL=redis.url,
+                                       AMPRL_REDIS_USERNAME=user.name,
                                        AMPRL_REDIS_PASSWORD_FILE=str(root / "redis-password")),
                                    logs, port_file=logs / "replay.port")
         services["paramserver"] = spawn(
-            "paramserver", "paramserver", clean_env(**base, AMPRL_PULL_PORT="0"), logs,
-            ["--pull-port-file", str(logs / "ps-pull.port")], port_file=logs / "ps.port")
+            "paramserver", "paramserver", clean_env(**base, **role_env.get("paramserver", {}), AMPRL_PULL_PORT="0"),
+            logs, ["--pull-port-file", str(logs / "ps-pull.port")], port_file=logs / "ps.port")
         ports = {"replay": wait_for_port(services["replay"], 90),
                  "paramserver": wait_for_port(services["paramserver"], 90),
                  "paramserver_pull": read_port(services["paramserver"], logs / "ps-pull.port", 90)}
         replay = f"127.0.0.1:{ports['replay']}"
         ps = f"127.0.0.1:{ports['paramserver']}"
         pull = f"127.0.0.1:{ports['paramserver_pull']}"
+        # the evaluator's Service address is known before it serves, as on a cluster
+        ports["evaluator"] = free_port()
+        evaluator = f"127.0.0.1:{ports['evaluator']}"
         services["learner"] = spawn("learner", "learner", clean_env(
-            **base, AMPRL_REPLAY_ADDRESS=replay, AMPRL_PARAMSERVER_ADDRESS=ps, AMPRL_ID="learner-0"),
+            **base, **role_env.get("learner", {}), AMPRL_REPLAY_ADDRESS=replay, AMPRL_PARAMSERVER_ADDRESS=ps,
+            AMPRL_EVALUATOR_ADDRESS=evaluator, AMPRL_ID="learner-0"),
             logs, port_file=logs / "learner.port")
         services["evaluator"] = spawn("evaluator", "evaluator", clean_env(
-            **base, AMPRL_PARAMSERVER_ADDRESS=pull, AMPRL_ID="evaluator-0",
+            **base, **role_env.get("evaluator", {}), AMPRL_PARAMSERVER_ADDRESS=pull, AMPRL_REPLAY_ADDRESS=replay,
+            AMPRL_ID="evaluator-0", AMPRL_PORT=str(ports["evaluator"]),
             AMPRL_RUN_DIR=str(root / "eval")), logs, port_file=logs / "evaluator.port")
         ports["learner"] = wait_for_port(services["learner"], 90)
-        ports["evaluator"] = wait_for_port(services["evaluator"], 90)
+        wait_for_port(services["evaluator"], 90)
         sys_ = System(root, dict(AMPRL_CONFIG=str(config), AMPRL_REPLAY_ADDRESS=replay,
-                                 AMPRL_PARAMSERVER_ADDRESS=pull),
-                      replay, ps, pull, services, ports, cpu=CpuLimit())
+                                 AMPRL_PARAMSERVER_ADDRESS=pull, AMPRL_EVALUATOR_ADDRESS=evaluator),
+                      replay, ps, pull, services, ports, cpu=CpuLimit(), role_env=role_env)
         yield sys_
     finally:
         if sys_ is not None:
