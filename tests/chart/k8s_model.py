@@ -18,8 +18,9 @@ semantics follow the Kubernetes API reference (networking.k8s.io/v1):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
+
+from amprl_testing.podspec import Objects, container_env
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
 
@@ -225,31 +226,12 @@ def _pods_of(workload: dict) -> list[Pod]:
     return pods
 
 
-_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
-
-
 def env_of(pod: Pod) -> dict[str, str]:
     """The pod's environment as the kubelet builds it: fieldRefs to the pod's name and
-    labels filled in, and $(VAR) references to earlier variables expanded in order."""
-    out: dict[str, str] = {}
-    for item in pod.env:
-        if "value" in item:
-            value = _VAR.sub(lambda m: out.get(m.group(1), m.group(0)), str(item["value"]))
-        elif "fieldRef" in (item.get("valueFrom") or {}):
-            path = item["valueFrom"]["fieldRef"]["fieldPath"]
-            m = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
-            if path == "metadata.name":
-                value = pod.name
-            elif path == "metadata.namespace":
-                value = pod.namespace
-            elif m:
-                value = pod.labels.get(m.group(1), "")
-            else:
-                value = ""
-        else:
-            value = ""
-        out[item["name"]] = value
-    return out
+    labels filled in, and $(VAR) references to earlier variables expanded in order (one
+    home for that: ``amprl_testing.podspec``, which the podman test runs pods with)."""
+    return container_env(Objects([]), {"env": list(pod.env)}, pod.name, pod.namespace, pod.labels, {},
+                         f"pod {pod.name}")
 
 
 def split_address(address: str) -> tuple[str, int]:
