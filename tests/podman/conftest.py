@@ -79,6 +79,7 @@ class Release:
         self.timeline: list[tuple[float, str]] = []
         self.began = time.monotonic()
         self.replay_seen: list = []  # replay's Info from its first answer on (ReplayServiceInfoResponse)
+        self.scaled_down_at: float | None = None  # when the actors went 4 -> 2 (time.monotonic)
 
     def note(self, what: str) -> None:
         self.timeline.append((round(time.monotonic() - self.began, 1), what))

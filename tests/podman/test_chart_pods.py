@@ -25,6 +25,7 @@ rendered modes, not the kubelet's atomically swapped symlinks.
 from __future__ import annotations
 
 import json
+import time
 
 import grpc
 import pytest
@@ -64,7 +65,7 @@ def _logs_tail(release: Release, pod) -> str:
 
 def test_every_pod_of_the_render_starts_becomes_ready_and_runs_as_its_security_context_says(release: Release):
     assert {w: len(release.pods(w)) for w in WORKLOADS} == WORKLOADS
-    # A restarted probe budget is the kubelet's: the slowest startup probe allows 5 min.
+    # The kubelet would wait as long as the startup probes allow (15 min for replay's).
     def all_ready():
         try:  # replay's size from its first answer on, for the training test
             release.replay_seen.append(release.replay())
@@ -122,6 +123,26 @@ def test_the_release_trains(release: Release):
     release.note(f"trained: version {release.paramserver().version}, {len(evals)} evaluations")
 
 
+def test_actors_go_1_4_2_as_kubectl_scale_adds_and_removes_pods(release: Release):
+    wait_for(lambda: release.replay().actors_live == 1, 60, "one live actor")
+    release.scale(ACTOR, 4)
+    wait_for(lambda: release.replay().insert_streams == 4 and release.replay().actors_live == 4, 120,
+             "four actors inserting")
+    wait_for(lambda: release.paramserver().actors_live == 4, 60, "four actors pulling weights")
+    release.note("4 actors live")
+    steps = release.replay().env_steps_total
+
+    leaving = release.scale(ACTOR, 2)
+    assert len(leaving) == 2
+    for pod, code, took in leaving:  # SIGTERM: a clean exit well within the grace period
+        assert code == 0 and took < 15, leaving
+    release.note(f"2 actors removed: {leaving}")
+    wait_for(lambda: release.replay().insert_streams == 2, 15, "the leavers' insert streams closed")
+    assert len(release.pods(ACTOR)) == 2
+    release.scaled_down_at = time.monotonic()
+    wait_for(lambda: release.replay().env_steps_total > steps, 30, "two actors to go on inserting")
+
+
 def test_grpcurl_lists_checks_health_and_calls_info_on_every_service(release: Release):
     """From a debug pod on the release's network, by the Services' DNS names: every gRPC
     port of every Service lists its services by reflection, answers health SERVING and
@@ -152,27 +173,15 @@ def test_grpcurl_lists_checks_health_and_calls_info_on_every_service(release: Re
     print("\n".join(called))
 
 
-def test_actors_go_1_4_2_as_kubectl_scale_adds_and_removes_pods(release: Release):
-    wait_for(lambda: release.replay().actors_live == 1, 60, "one live actor")
-    release.scale(ACTOR, 4)
-    wait_for(lambda: release.replay().insert_streams == 4 and release.replay().actors_live == 4, 120,
-             "four actors inserting")
-    wait_for(lambda: release.paramserver().actors_live == 4, 60, "four actors pulling weights")
-    release.note("4 actors live")
-    steps = release.replay().env_steps_total
-
-    leaving = release.scale(ACTOR, 2)
-    assert len(leaving) == 2
-    for pod, code, took in leaving:  # SIGTERM: a clean exit well within the grace period
-        assert code == 0 and took < 15, leaving
-    release.note(f"2 actors removed: {leaving}")
-    wait_for(lambda: release.replay().insert_streams == 2, 15, "the leavers' insert streams closed")
+def test_replays_live_count_follows_the_scale_down(release: Release):
+    """Replay counts an actor live for ``live_window_seconds`` (60 s, the default the chart
+    keeps) after its last insert: the grpcurl test above runs inside that window."""
+    assert release.scaled_down_at is not None, "runs after the scaling test"
     window = release.replay().live_window_seconds
-    wait_for(lambda: release.replay().actors_live == 2, window + 20,
+    deadline = release.scaled_down_at + window + 20 - time.monotonic()
+    wait_for(lambda: release.replay().actors_live == 2, max(deadline, 1),
              f"the leavers to age out of replay's live count ({window:.0f} s window)")
     release.note("replay: 2 actors live")
-    assert release.replay().env_steps_total > steps
-    assert len(release.pods(ACTOR)) == 2
 
 
 def test_no_probe_failed_after_startup_and_no_pod_logged_an_error(release: Release):
