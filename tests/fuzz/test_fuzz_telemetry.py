@@ -1,7 +1,8 @@
 """LearnerService, ActorService and EvaluatorService fuzzed on live servers, each serving a
 real (unstarted) learner, actor or evaluator as their processes do: Info gets random
 messages (unknown fields included) and undecodable bytes, answers OK or INVALID_ARGUMENT,
-changes nothing and leaves the server SERVING. Health itself gets the same."""
+changes nothing and leaves the server SERVING; so do the evaluator's GetRunState and
+GetBestPolicy (NOT_FOUND: this evaluator keeps no run folder). Health itself gets the same."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ HEALTH_EXAMPLES = 12
 SERVICES = {"LearnerService": learner_services, "ActorService": actor_services,
             "EvaluatorService": evaluator_services}
 INFO = {name: rpcs(telemetry_pb2.DESCRIPTOR.services_by_name[name])["Info"] for name in SERVICES}
+EVALUATOR = rpcs(telemetry_pb2.DESCRIPTOR.services_by_name["EvaluatorService"])
 HEALTH = rpcs(health_pb2.DESCRIPTOR.services_by_name["Health"])
 
 
@@ -78,6 +80,26 @@ def test_info_answers_or_refuses_and_the_server_serves_on(servers, service, data
     if out.code == Code.OK:
         assert out.replies[0] == first  # nothing ran in between: the same state
     assert_serving(channel, f"amprl.v1.{service}")
+
+
+@pytest.mark.parametrize("method", ["GetRunState", "GetBestPolicy"])
+@fuzz(EXAMPLES)
+@given(data=st.data())
+def test_the_run_state_and_the_best_policy_answer_or_refuse(servers, method, data):
+    _, channel = servers["EvaluatorService"]
+    rpc = EVALUATOR[method]
+    strategy = data.draw(st.sampled_from(["random", "raw bytes"]), label="strategy")
+    request = data.draw(messages(rpc.request) if strategy == "random" else raw_bytes(rpc.request()),
+                        label="request")
+    out = call(channel, rpc, [request])
+    check(out, rpc, strategy, also={Code.NOT_FOUND})
+    if method == "GetRunState":
+        assert out.code in (Code.OK, Code.INVALID_ARGUMENT), out.details
+        if out.code == Code.OK:
+            assert out.replies[0].run_state.phase == telemetry_pb2.RUN_PHASE_RUNNING
+    else:
+        assert out.code in (Code.NOT_FOUND, Code.INVALID_ARGUMENT), out.details
+    assert_serving(channel, "amprl.v1.EvaluatorService")
 
 
 @pytest.mark.parametrize("method", ["Check", "Watch"])
