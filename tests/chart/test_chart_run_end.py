@@ -130,3 +130,13 @@ def test_the_done_job_is_a_valid_batch_v1_job(values):
     from chartkit import strip_source
     job = done_job(render_docs(values)[0])
     kubernetes_validate.validate(strip_source(job), "1.28.0", strict=True)
+
+
+def test_with_cert_manager_the_done_jobs_certificate_is_issued_without_being_asked_for():
+    values = {"tls": {"enabled": True, "certManager": {"enabled": True, "issuerRef": {"name": "ca"}}}}
+    docs, notes = render_docs(values)
+    operator = [d for d in docs if d["kind"] == "Certificate" and d["spec"]["commonName"] == "operator"]
+    assert operator and operator[0]["spec"]["secretName"] == f"{RELEASE}-amprl-tls-operator"
+    assert "--from-file=DIR/operator/" not in notes  # no need to make it by hand
+    off, _ = render_docs({**values, "done": {"enabled": False}})
+    assert not [d for d in off if d["kind"] == "Certificate" and d["spec"]["commonName"] == "operator"]

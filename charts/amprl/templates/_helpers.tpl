@@ -225,6 +225,14 @@ spec:
     group: {{ $cm.issuerRef.group }}
 {{- end -}}
 
+{{/*
+Whether the chart renders the operator's Certificate: "true" or "". People ask for it
+(tls.certManager.operator); the done Job's pod needs it.
+*/}}
+{{- define "amprl.operatorCertificate" -}}
+{{- if and (include "amprl.certManager" .) (or .Values.tls.certManager.operator (and .Values.done.enabled .Values.evaluator.enabled)) -}}true{{- end -}}
+{{- end -}}
+
 {{/* Whether the chart renders Certificates: "true" or "". */}}
 {{- define "amprl.certManager" -}}
 {{- if and .Values.tls.enabled .Values.tls.certManager.enabled -}}true{{- end -}}
