@@ -133,13 +133,12 @@ def test_actors_go_1_4_2_as_kubectl_scale_adds_and_removes_pods(release: Release
     steps = release.replay().env_steps_total
 
     leaving = release.scale(ACTOR, 2)
-    assert len(leaving) == 2
-    for pod, code, took in leaving:  # SIGTERM: a clean exit well within the grace period
-        assert code == 0 and took < 15, leaving
-    release.note(f"2 actors removed: {leaving}")
+    release.scaled_down_at = time.monotonic()
+    release.note(f"2 actors removed (pod, exit code, seconds): {leaving}")
+    # SIGTERM: each exits by itself, 0, before the grace period's SIGKILL (137)
+    assert len(leaving) == 2 and all(code == 0 for _, code, _ in leaving), leaving
     wait_for(lambda: release.replay().insert_streams == 2, 15, "the leavers' insert streams closed")
     assert len(release.pods(ACTOR)) == 2
-    release.scaled_down_at = time.monotonic()
     wait_for(lambda: release.replay().env_steps_total > steps, 30, "two actors to go on inserting")
 
 
