@@ -42,7 +42,7 @@ from amprl.cli import debug
 from amprl.common import runend
 from amprl.config import dump_config, packaged_configs
 from amprl.launch import resume
-from amprl.launch.procs import Service, free_port, set_nice, start_service, stop_services
+from amprl.launch.procs import Service, free_port, set_nice, start_service, stop_services, stop_together
 from amprl.launch.progress import Progress, ProgressDisplay, role_of_service
 from amprl.launch.startup import check_experiment, wait_started
 
@@ -218,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"amprl run: stopping ({reason})", flush=True)
         if failure is None and not interrupted["flag"]:
             wait_until_finished(progress, evaluator, cfg.evaluator.interval_s + 180)
-        # the weights are final once the learner is gone (it idles already)
-        stop_services([s for s in services if s.name.startswith("actor")] + [learner])
         wall = time.monotonic() - t0
+        # the weights are final once the learner is gone (it idles already)
+        stop_together([s for s in services if s.name.startswith("actor")] + [learner])
         progress.poll()
         summary = runend.summary(cfg, reason, progress.evaluations, env_steps=progress.env_steps,
                                  param_version=progress.version, wall_seconds=wall,
