@@ -37,6 +37,10 @@ _SERVICE = "amprl.v1.EvaluatorService"
 RETRIED = [f"{_SERVICE}/Info", f"{_SERVICE}/GetRunState", f"{_SERVICE}/GetBestPolicy"]
 """Every RPC only reads: each is safe to repeat."""
 
+START_CHECK_TIMEOUT_S = 1.0
+"""How long a worker's first question may hold up its start: an evaluator not serving yet
+(pods start together) must not delay the work."""
+
 ENDED = (telemetry_pb2.RUN_PHASE_STOPPING, telemetry_pb2.RUN_PHASE_FINISHED)
 
 
@@ -52,10 +56,10 @@ class BestPolicy(NamedTuple):
 class EvaluatorClient:
     """Client of one evaluator; thread-safe."""
 
-    def __init__(self, address: str, *, timeout_s: float = 10.0):
+    def __init__(self, address: str, *, timeout_s: float = 10.0, retry: bool = True):
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = make_channel(address, server_role="evaluator", retry=RETRIED)
+        self.channel = make_channel(address, server_role="evaluator", retry=RETRIED if retry else ())
         self.stub = telemetry_pb2_grpc.EvaluatorServiceStub(self.channel)
 
     def info(self, timeout: float | None = None) -> telemetry_pb2.EvaluatorServiceInfoResponse:
@@ -96,7 +100,8 @@ class RunEndWatch:
     """The run's phase as a worker last heard it from the evaluator at ``address``."""
 
     def __init__(self, address: str, *, poll_s: float = WORKER_POLL_S):
-        self.client = EvaluatorClient(address, timeout_s=min(5.0, max(poll_s, 1.0)))
+        # no retries: the next poll is the retry, and a first question must fail fast
+        self.client = EvaluatorClient(address, timeout_s=min(5.0, max(poll_s, 1.0)), retry=False)
         self.poll_s = poll_s
         self.phase: telemetry_pb2.RunPhase.ValueType = telemetry_pb2.RUN_PHASE_UNSPECIFIED
         self.reason: telemetry_pb2.StopReason.ValueType = telemetry_pb2.STOP_REASON_UNSPECIFIED
@@ -110,7 +115,8 @@ class RunEndWatch:
         """Asks once; True when the run has ended. An evaluator that does not answer leaves
         the phase as it was: logged once (at start, where it may not serve yet, as INFO)."""
         try:
-            state = self.client.run_state(wait_for_ready=False)
+            state = self.client.run_state(timeout=START_CHECK_TIMEOUT_S if starting else None,
+                                          wait_for_ready=False)
         except errors.AmprlError as exc:
             if not self._warned:
                 log.log(logging.INFO if starting else logging.WARNING,
