@@ -10,9 +10,9 @@ process between the learner and the parameter server: the learner dials the rela
 server directly. With ``--paramserver`` no server is started: every service dials the given
 address (e.g. a relay into another network namespace: tests/integration/latency/).
 
-Stops at the target (``run.stop_at_target``), the step budget or ``run.max_wall_seconds``;
-on the budget or wall limit the final weights are evaluated once more, as ``amprl run``
-does. Writes ``<run-dir>/summary.json`` (the fields of ``amprl run``'s summary plus
+Stops at the target (``run.stop_at_target``), the step budget or ``run.max_wall_seconds``,
+as ``amprl run`` does: the evaluator decides (``amprl.common.runend``), the learner and the
+actors idle, the final weights are evaluated once more. Writes ``<run-dir>/summary.json`` (the fields of ``amprl run``'s summary plus
 ``rtt_ms``, ``versions_per_s`` and the learner's ``stale_rejections``) and prints it as one
 JSON line; progress lines go to stdout every ``--progress-interval`` seconds.
 """
@@ -27,9 +27,9 @@ from pathlib import Path
 
 from amprl.common.redis_server import EmbeddedRedis
 from amprl.config import dump_config, load_config
-from amprl.launch.procs import set_nice, start_service, stop_services, wait_for_port
+from amprl.launch.procs import free_port, set_nice, start_service, stop_services, stop_together, wait_for_port
 from amprl.launch.progress import Progress
-from amprl.launch.run import evaluate_final_policy, stop_reason
+from amprl.launch.run import stop_reason, wait_until_finished
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import start_relay  # noqa: E402 - bench/ is not a package
@@ -73,12 +73,15 @@ def main(argv: list[str] | None = None) -> int:
             relay = start_relay(ps.port, args.rtt_ms, log_dir)
             learner_ps = relay.address
         wait_for_port(replay)
+        evaluator_port = free_port()  # the workers follow its verdict on the run's end
+        ends = ["--evaluator", f"127.0.0.1:{evaluator_port}"]
         learner = start("learner", "amprl.learner", ["--replay", replay.address, "--paramserver", learner_ps,
-                                                     "--id", "learner-0"])
+                                                     "--id", "learner-0", *ends])
         addrs = ["--replay", replay.address, "--paramserver", ps_addr]
-        actors = [start(f"actor-{i}", "amprl.actor", [*addrs, "--id", f"actor-{i}"])
+        actors = [start(f"actor-{i}", "amprl.actor", [*addrs, "--id", f"actor-{i}", *ends])
                   for i in range(cfg.actor.num_actors)]
-        evaluator = start("evaluator", "amprl.evaluator", [*addrs, "--id", "evaluator"])
+        evaluator = start("evaluator", "amprl.evaluator",
+                          [*addrs, "--id", "evaluator", "--port", str(evaluator_port)])
         for svc in [learner, *actors, evaluator]:
             wait_for_port(svc)
         progress = Progress({"replay": replay.address, "paramserver": ps_addr,
@@ -98,14 +101,15 @@ def main(argv: list[str] | None = None) -> int:
             if elapsed - last_print >= args.progress_interval:
                 print(progress.line(elapsed), flush=True)
                 last_print = elapsed
-            reason = stop_reason(cfg, progress, elapsed)
+            reason = stop_reason(progress)
             if reason:
                 break
-        progress.poll()
-        learner_info = progress.services["learner"].info  # before the final evaluation stops it
-        if failure is None and reason != "target reached":
-            evaluate_final_policy(services, learner, evaluator, progress, cfg.evaluator.interval_s)
+        if failure is None:
+            wait_until_finished(progress, evaluator, cfg.evaluator.interval_s + 180)
         wall = time.monotonic() - t0
+        progress.poll()
+        learner_info = progress.services["learner"].info  # before the learner is stopped
+        stop_together([s for s in services if s.name.startswith("actor")] + [learner])
         progress.poll()
         evals = progress.evaluations
         hit = next((e for e in evals if e.mean_return >= cfg.run.target_return), None)
