@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         if failure is None:
             wait_until_finished(progress, evaluator, cfg.evaluator.interval_s + 180)
         wall = time.monotonic() - t0
-        progress.poll()
+        if failure is None:
+            progress.wait_learners_idle(timeout_s=30)  # the final figures agree (updates >= version)
+        else:
+            progress.poll()
         learner_info = progress.services["learner"].info  # before the learner is stopped
         stop_together([s for s in services if s.name.startswith("actor")] + [learner])
         progress.poll()

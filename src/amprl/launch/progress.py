@@ -179,6 +179,27 @@ class Progress:
         evaluators = self.infos("evaluator")
         return evaluators[0].run_state if evaluators else None
 
+    def wait_learners_idle(self, timeout_s: float, interval_s: float = 0.5) -> bool:
+        """After the evaluator ended the run: polls until every learner reports the end
+        (its run_phase) and neither its update count nor the parameter server's version
+        moved since the previous poll (its last pushes have landed), so that the figures
+        read now are final and agree (updates >= version). A run that ends at its target
+        is FINISHED at once, before the learners' next poll of the verdict; stopping a
+        learner still at work would send pushes after its last Info. False at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        ended = (telemetry_pb2.RUN_PHASE_STOPPING, telemetry_pb2.RUN_PHASE_FINISHED)
+        before: tuple[int, int] | None = None
+        while True:
+            self.poll()
+            learners = self.infos("learner")
+            now = (self.updates, self.version)
+            if all(x.run_phase in ended for x in learners) and now == before:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            before = now
+            time.sleep(interval_s)
+
     @property
     def recent_return(self) -> float | None:
         """Mean training-episode return of the actors that have finished an episode

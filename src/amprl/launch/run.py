@@ -219,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         if failure is None and not interrupted["flag"]:
             wait_until_finished(progress, evaluator, cfg.evaluator.interval_s + 180)
         wall = time.monotonic() - t0
+        if failure is None and not interrupted["flag"]:
+            progress.wait_learners_idle(timeout_s=30)  # their last pushes landed: the figures agree
         # the weights are final once the learner is gone (it idles already)
         stop_together([s for s in services if s.name.startswith("actor")] + [learner])
         progress.poll()

@@ -148,3 +148,34 @@ def test_a_service_that_is_not_there_is_reported_down_with_the_reason():
     assert replay.health == "UNAVAILABLE" and replay.info is None
     assert "UNAVAILABLE" in replay.error
     assert p.env_steps == 0 and p.rates() == {}
+
+
+class Scripted(Progress):
+    """A Progress whose polls answer from a script of (learner phase, updates, version)."""
+
+    def __init__(self, script):
+        super().__init__({"paramserver": "127.0.0.1:1", "learner": "127.0.0.1:1"})
+        self.script = list(script)
+        self.polls = 0
+
+    def poll(self, *, health: bool = False) -> None:
+        phase, updates, version = self.script[min(self.polls, len(self.script) - 1)]
+        self.polls += 1
+        self.services["learner"].info = telemetry_pb2.LearnerServiceInfoResponse(updates=updates, run_phase=phase)
+        self.services["paramserver"].info = paramserver_pb2.ParameterServiceInfoResponse(version=version)
+
+
+RUNNING, STOPPING = telemetry_pb2.RUN_PHASE_RUNNING, telemetry_pb2.RUN_PHASE_STOPPING
+
+
+def test_waiting_for_idle_learners_ends_once_they_stopped_and_their_pushes_landed():
+    # a run that ends at its target: the learner still works, then stops with pushes in flight
+    p = Scripted([(RUNNING, 90, 80), (RUNNING, 98, 90), (STOPPING, 100, 95), (STOPPING, 100, 100),
+                  (STOPPING, 100, 100)])
+    assert p.wait_learners_idle(timeout_s=10, interval_s=0)
+    assert p.polls == 5 and (p.updates, p.version) == (100, 100)
+
+
+def test_waiting_for_idle_learners_gives_up_at_the_timeout():
+    p = Scripted([(RUNNING, 1, 1)])
+    assert not p.wait_learners_idle(timeout_s=0.05, interval_s=0.01)
