@@ -6,14 +6,15 @@
 Starts what ``amprl run`` starts (embedded Redis, replay, parameter server, learner,
 ``actor.num_actors`` actors, evaluator; each its own OS process) but puts a DelayRelay
 process between the learner and the parameter server: the learner dials the relay
-(127.0.0.1:0, ``rtt_ms / 2`` added to each direction); actors and the evaluator dial the
-server directly. With ``--paramserver`` no server is started: every service dials the given
+(127.0.0.1:0, ``rtt_ms / 2`` added to each direction; with ``--rtt-ms 0`` no relay, the
+learner dials the server); actors and the evaluator dial the server directly. With ``--paramserver`` no server is started: every service dials the given
 address (e.g. a relay into another network namespace: tests/integration/latency/).
 
 Stops at the target (``run.stop_at_target``), the step budget or ``run.max_wall_seconds``,
 as ``amprl run`` does: the evaluator decides (``amprl.common.runend``), the learner and the
 actors idle, the final weights are evaluated once more. Writes ``<run-dir>/summary.json`` (the fields of ``amprl run``'s summary plus
-``rtt_ms``, ``versions_per_s`` and the learner's ``stale_rejections``) and prints it as one
+``rtt_ms``, ``versions_per_s``, the learner's ``stale_rejections`` and the server's
+``gradient_bytes_received`` and ``pushes_applied``) and prints it as one
 JSON line; progress lines go to stdout every ``--progress-interval`` seconds.
 """
 
@@ -70,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
             ps = start("paramserver", "amprl.paramserver")
             wait_for_port(ps)
             ps_addr = ps.address
-            relay = start_relay(ps.port, args.rtt_ms, log_dir)
-            learner_ps = relay.address
+            if args.rtt_ms > 0:
+                relay = start_relay(ps.port, args.rtt_ms, log_dir)
+                learner_ps = relay.address
+            else:  # no relay at all: the local link, not a relay adding 0 ms
+                learner_ps = ps.address
         wait_for_port(replay)
         evaluator_port = free_port()  # the workers follow its verdict on the run's end
         ends = ["--evaluator", f"127.0.0.1:{evaluator_port}"]
@@ -115,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_together([s for s in services if s.name.startswith("actor")] + [learner])
         progress.poll()
         evals = progress.evaluations
+        ps_info = progress.services["paramserver"].info
         hit = next((e for e in evals if e.mean_return >= cfg.run.target_return), None)
         summary = {
             "name": cfg.name, "rtt_ms": args.rtt_ms if not args.paramserver else None,
@@ -128,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             "versions_per_s": round(progress.version / max(wall, 1e-6), 1),
             "updates_per_s": round(progress.updates / max(wall, 1e-6), 1),
             "stale_rejections": learner_info.stale_rejections if learner_info else None,
+            # the gradient payload the server received (data + scales: the bytes the encoding
+            # decides) and the optimizer steps it applied
+            "gradient_bytes_received": ps_info.gradient_bytes_received if ps_info else None,
+            "pushes_applied": ps_info.pushes_applied if ps_info else None,
             "time_to_target_seconds": round(hit.unix_time - t0_unix, 2) if hit else None,
             "steps_to_target": hit.env_steps if hit else None,
             "evaluations": [[round(e.unix_time - t0_unix, 1), e.env_steps, e.param_version,

@@ -86,12 +86,13 @@ def test_every_shipped_config_loads(path):
     assert load_config(path).name == path.stem
 
 
-def test_the_slow_link_config_trains_the_default_agent():
-    default = _flat(load_config(ROOT / "configs/cartpole-dqn.yaml"))
-    wan = _flat(load_config(ROOT / "configs/cartpole-dqn-wan.yaml"))
-    differ = {k for k in default if default[k] != wan[k]}
-    assert differ <= _LINK_KEYS, f"agent settings that drifted apart: {sorted(differ - _LINK_KEYS)}"
-    assert wan["learner.grad_encoding"] == "onebit" and wan["learner.sync"] == "local_replica"
+@pytest.mark.parametrize("wan", sorted(p.name for p in (ROOT / "configs").glob("*-wan.yaml")))
+def test_each_slow_link_config_trains_its_base_configs_agent(wan):
+    default = _flat(load_config(ROOT / "configs" / wan.replace("-wan", "")))
+    flat = _flat(load_config(ROOT / "configs" / wan))
+    differ = {k for k in default if default[k] != flat[k]}
+    assert differ <= _LINK_KEYS | {"learner.sync"}, f"agent settings that drifted apart: {sorted(differ - _LINK_KEYS)}"
+    assert flat["learner.grad_encoding"] == "onebit" and flat["learner.sync"] == "local_replica"
 
 
 def test_deploy_nice_defaults_put_the_learner_first_and_name_services_by_process():

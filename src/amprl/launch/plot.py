@@ -82,16 +82,37 @@ def _increasing(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x[keep], y[keep]
 
 
-def plot_runs(run_dirs: list[Path], out: Path, title: str = "") -> Path:
-    """Writes the two-panel figure of ``run_dirs`` to ``out`` (PNG, or any format matplotlib
-    knows by the suffix); returns ``out``."""
+def _two_panels():
+    """A figure of two panels sharing the return axis (matplotlib's Agg canvas: a file, never a window)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    curves = [read_curve(Path(d)) for d in run_dirs]
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
-    panels = fig.subplots(1, 2, sharey=True)
+    return fig, fig.subplots(1, 2, sharey=True)
+
+
+def _save(fig, panels, curves: list[Curve], title: str, out: Path) -> Path:
+    """Axes, the target line (when the runs share one), legend and title; writes ``out``."""
+    targets = {c.target_return for c in curves if c.target_return is not None}
+    for ax, (_, label) in zip(panels, AXES):
+        if len(targets) == 1:
+            ax.axhline(next(iter(targets)), color="grey", ls="--", lw=1, label="target")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    panels[0].set_ylabel("greedy eval return")
+    panels[0].legend(fontsize="small", loc="best")
+    fig.suptitle(title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def plot_runs(run_dirs: list[Path], out: Path, title: str = "") -> Path:
+    """Writes the two-panel figure of ``run_dirs`` to ``out`` (PNG, or any format matplotlib
+    knows by the suffix); returns ``out``."""
+    curves = [read_curve(Path(d)) for d in run_dirs]
+    fig, panels = _two_panels()
     many = len(curves) > 1
     for ax, (key, label) in zip(panels, AXES):
         for i, c in enumerate(curves):
@@ -112,17 +133,31 @@ def plot_runs(run_dirs: list[Path], out: Path, title: str = "") -> Path:
                 ax.plot(grid, mean, color="black", lw=2.0, label=f"mean of {len(curves)} runs")
                 ax.fill_between(grid, mean - std, mean + std, color="black", alpha=0.15, lw=0,
                                 label="± std across runs")
-        targets = {c.target_return for c in curves if c.target_return is not None}
-        if len(targets) == 1:
-            ax.axhline(targets.pop(), color="grey", ls="--", lw=1, label="target")
-        ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
-    panels[0].set_ylabel("greedy eval return")
-    panels[0].legend(fontsize="small", loc="best")
-    fig.suptitle(title or (curves[0].name if not many else f"{len(curves)} runs"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    return out
+    return _save(fig, panels, curves, title or (curves[0].name if not many else f"{len(curves)} runs"), out)
+
+
+def plot_groups(groups: dict[str, list[Path]], out: Path, title: str = "") -> Path:
+    """Writes the two-panel figure of several experiments (``{label: its runs' folders}``,
+    e.g. the seeds of each condition of ``bench/parity.py``) to ``out``: one color per
+    experiment, its runs thin, their mean bold and the spread across its runs (± std)
+    shaded; returns ``out``."""
+    curves = {label: [read_curve(Path(d)) for d in dirs] for label, dirs in groups.items() if dirs}
+    fig, panels = _two_panels()
+    for ax, (key, _) in zip(panels, AXES):
+        for i, (label, runs) in enumerate(curves.items()):
+            color = f"C{i % 10}"
+            for c in runs:
+                ax.plot(getattr(c, key), c.mean_return, color=color, lw=0.6, alpha=0.35)
+            if len(runs) == 1:
+                ax.plot(getattr(runs[0], key), runs[0].mean_return, color=color, lw=1.8, label=f"{label} (1 run)")
+                continue
+            try:
+                grid, mean, std = across_runs([getattr(c, key) for c in runs], [c.mean_return for c in runs])
+            except ValueError:
+                continue  # the thin lines stay; no common range for a mean
+            ax.plot(grid, mean, color=color, lw=2.0, label=f"{label} (mean of {len(runs)})")
+            ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.15, lw=0)
+    return _save(fig, panels, [c for runs in curves.values() for c in runs], title or ", ".join(curves), out)
 
 
 def main(argv: list[str] | None = None) -> int:

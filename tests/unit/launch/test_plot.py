@@ -59,3 +59,13 @@ def test_a_folder_without_evaluations_is_a_clear_error(tmp_path, capsys):
     assert amprl(["plot", str(tmp_path), "-o", str(tmp_path / "c.png")]) == 2
     assert "no evaluations" in capsys.readouterr().err
     assert not (tmp_path / "c.png").exists()
+
+
+def test_groups_are_drawn_each_in_its_own_color(tmp_path):
+    from amprl.launch.plot import plot_groups
+    a = [fake_run(tmp_path / f"a{i}", [10 + i, 50, 200, 480]) for i in range(2)]
+    b = [fake_run(tmp_path / "b0", [-100, -50, 0, 20], target=475)]
+    out = plot_groups({"fp32_0ms": a, "onebit_300ms": b}, tmp_path / "groups.png", title="parity")
+    with Image.open(out) as img:
+        colors = {c for _, c in img.convert("RGB").getcolors(maxcolors=1 << 20)}
+    assert (0x1F, 0x77, 0xB4) in colors and (0xFF, 0x7F, 0x0E) in colors  # matplotlib's C0 and C1
