@@ -25,7 +25,9 @@ steps to the first greedy evaluation >= the threshold; null unless at least half
 got there) and per seed, ``wall_seconds`` (median) and per seed, ``gradient_bytes_per_step``
 (payload the server received per optimizer step: data + scales), ``gradient_bytes_total``,
 ``stale_rejections``, ``updates_per_s``; and ``comparison``: each condition's median final
-return over fp32_0ms's, and fp32's gradient bytes per step over 1-bit's. ``DIR/parity.png``:
+return over (and minus) fp32_0ms's, the share of fp32_0ms's gain over the untrained network
+it kept (``*_gain_over_fp32_0ms_gain``: a ratio that also reads right for negative
+returns), and fp32's gradient bytes per step over 1-bit's. ``DIR/parity.png``:
 greedy return against env steps and wall time, the mean and spread over seeds per condition.
 The run folders stay in ``DIR/runs/<condition>-seed<k>/``.
 """
@@ -101,8 +103,10 @@ def condition_figures(runs: list[dict], rtt_ms: float) -> dict:
     total_bytes = [r.get("gradient_bytes_received") for r in runs]
     per_step = [b / r["param_version"] if b is not None and r.get("param_version") else None
                 for b, r in zip(total_bytes, runs)]
+    untrained = [r["evaluations"][0][3] for r in runs if r.get("evaluations") and r["evaluations"][0][2] == 0]
     return {
         "rtt_ms": rtt_ms,
+        "untrained_return_median": median_or_none(untrained),
         "final_return_median": median_or_none(finals),
         "final_returns": finals,
         "steps_to_threshold": steps_to_threshold(to_threshold),
@@ -121,8 +125,15 @@ def condition_figures(runs: list[dict], rtt_ms: float) -> dict:
 
 
 def compare(out: dict) -> dict:
+    """Each condition against fp32_0ms: final return ratio and difference, and the part of
+    fp32_0ms's gain over the untrained network (version 0's evaluation, median over every
+    run) that the condition kept (1 = as much; the ratio means little for negative returns);
+    fp32 over 1-bit gradient bytes per step."""
     base = out["fp32_0ms"]["final_return_median"]
+    untrained = median_or_none([figs["untrained_return_median"] for figs in out.values()])
     ratios = {}
+    if untrained is not None:
+        ratios["untrained_return_median"] = round(untrained, 2)
     for name, figs in out.items():
         final = figs["final_return_median"]
         if base is not None and final is not None and base != 0:
@@ -130,6 +141,8 @@ def compare(out: dict) -> dict:
             # so the gap is also given in return units
             ratios[f"{name}_final_return_over_fp32_0ms"] = round(final / base, 4)
             ratios[f"{name}_final_return_minus_fp32_0ms"] = round(final - base, 2)
+            if untrained is not None and base != untrained:
+                ratios[f"{name}_gain_over_fp32_0ms_gain"] = round((final - untrained) / (base - untrained), 4)
     for rtt in ("0ms", "300ms"):
         f, o = out[f"fp32_{rtt}"]["gradient_bytes_per_step"], out[f"onebit_{rtt}"]["gradient_bytes_per_step"]
         if f and o:

@@ -13,8 +13,9 @@ parity = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(parity)
 
 
-def run(final, to_threshold, wall=100.0, grad_bytes=1_000_000, version=500, rejections=0, ups=5.0):
-    return {"final_eval_return": final, "steps_to_target": to_threshold, "wall_seconds": wall,
+def run(final, to_threshold, wall=100.0, grad_bytes=1_000_000, version=500, rejections=0, ups=5.0,
+        untrained=-1200.0):
+    return {"evaluations": [[0.0, 0, 0, untrained], [2.0, 1000, 400, final]], "final_eval_return": final, "steps_to_target": to_threshold, "wall_seconds": wall,
             "gradient_bytes_received": grad_bytes, "param_version": version,
             "stale_rejections": rejections, "updates_per_s": ups, "env_steps": 20_000, "error": None}
 
@@ -44,6 +45,8 @@ def test_the_comparison_is_against_fp32_on_the_local_link():
     c = parity.compare(out)
     assert c["onebit_300ms_final_return_over_fp32_0ms"] == pytest.approx(1.1)
     assert c["onebit_300ms_final_return_minus_fp32_0ms"] == -20.0
+    # the untrained network scores -1200: 1-bit at 300 ms kept 980 of fp32's 1000 of gain
+    assert c["onebit_300ms_gain_over_fp32_0ms_gain"] == 0.98 and c["untrained_return_median"] == -1200.0
     assert c["gradient_bytes_fp32_over_onebit_0ms"] == 30.0 and c["gradient_bytes_fp32_over_onebit_300ms"] == 31.0
 
 
