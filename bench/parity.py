@@ -1,7 +1,8 @@
 """1-bit gradients across a slow link against fp32 on a local one: the same agent, four links.
 
     python bench/parity.py CONFIG --seeds 3 --steps N [--rtt-ms 300] [--threshold R]
-                           [--out DIR] [--set key=value ...]
+                           [--conditions fp32_0ms,onebit_300ms] [--out DIR] [--reuse]
+                           [--set key=value ...]
 
 Runs, one after another, the system of ``bench/wanrun.py`` (every service its own process,
 the learner's link to the parameter server through a DelayRelay process adding
@@ -29,7 +30,8 @@ return over (and minus) fp32_0ms's, the share of fp32_0ms's gain over the untrai
 it kept (``*_gain_over_fp32_0ms_gain``: a ratio that also reads right for negative
 returns), and fp32's gradient bytes per step over 1-bit's. ``DIR/parity.png``:
 greedy return against env steps and wall time, the mean and spread over seeds per condition.
-The run folders stay in ``DIR/runs/<condition>-seed<k>/``.
+The run folders stay in ``DIR/runs/<condition>-seed<k>/``; ``--reuse`` takes the runs already
+there instead of running them again.
 """
 
 from __future__ import annotations
@@ -135,6 +137,8 @@ def compare(out: dict) -> dict:
     if untrained is not None:
         ratios["untrained_return_median"] = round(untrained, 2)
     for name, figs in out.items():
+        if name == "fp32_0ms":
+            continue
         final = figs["final_return_median"]
         if base is not None and final is not None and base != 0:
             # returns can be negative (Pendulum): the ratio of two negatives reads inverted,
@@ -143,10 +147,11 @@ def compare(out: dict) -> dict:
             ratios[f"{name}_final_return_minus_fp32_0ms"] = round(final - base, 2)
             if untrained is not None and base != untrained:
                 ratios[f"{name}_gain_over_fp32_0ms_gain"] = round((final - untrained) / (base - untrained), 4)
-    for rtt in ("0ms", "300ms"):
-        f, o = out[f"fp32_{rtt}"]["gradient_bytes_per_step"], out[f"onebit_{rtt}"]["gradient_bytes_per_step"]
-        if f and o:
-            ratios[f"gradient_bytes_fp32_over_onebit_{rtt}"] = round(f / o, 2)
+    for fp32, onebit in (("fp32_0ms", "onebit_0ms"), ("fp32_300ms", "onebit_300ms"), ("fp32_0ms", "onebit_300ms")):
+        if fp32 in out and onebit in out:
+            f, o = out[fp32]["gradient_bytes_per_step"], out[onebit]["gradient_bytes_per_step"]
+            if f and o:
+                ratios[f"gradient_bytes_{fp32}_over_{onebit}"] = round(f / o, 2)
     return ratios
 
 
@@ -164,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wall-seconds", type=float, default=3600.0, help="per run")
     p.add_argument("--out", type=Path, default=None, help="default bench/results/parity-<config name>")
     p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--reuse", action="store_true",
+                   help="a run whose folder already holds a summary.json is not run again (resumes an "
+                        "interrupted comparison; with every run there, redoes the figures)")
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     threshold = cfg.run.target_return if args.threshold is None else args.threshold
@@ -181,8 +189,12 @@ def main(argv: list[str] | None = None) -> int:
             encoding, slow = CONDITIONS[cond]
             rtt = args.rtt_ms if slow else 0.0
             run_dir = out_dir / "runs" / f"{cond}-seed{seed}"
-            summary = run_one(args.config, run_dir, encoding, rtt, seed, args.steps, threshold,
-                              args.overrides, args.max_wall_seconds)
+            done = run_dir / "summary.json"
+            if args.reuse and done.exists():
+                summary = json.loads(done.read_text())
+            else:
+                summary = run_one(args.config, run_dir, encoding, rtt, seed, args.steps, threshold,
+                                  args.overrides, args.max_wall_seconds)
             runs[cond].append(summary)
             if (run_dir / "eval.jsonl").exists():
                 dirs[cond].append(run_dir)
@@ -191,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", error {summary['error'].splitlines()[0]}" if summary.get("error") else ""),
                   file=sys.stderr, flush=True)
     result: dict = {c: condition_figures(runs[c], args.rtt_ms if CONDITIONS[c][1] else 0.0) for c in conditions}
-    if "fp32_0ms" in result and all(c in result for c in CONDITIONS):
-        result["comparison"] = compare({c: result[c] for c in CONDITIONS})
+    if "fp32_0ms" in result:
+        result["comparison"] = compare({c: result[c] for c in conditions})
     result["meta"] = {
         "config": args.config, "name": cfg.name, "env_id": cfg.env.id, "algo": cfg.algo,
         "seeds": seeds, "steps": args.steps, "threshold": threshold, "rtt_ms": args.rtt_ms,

@@ -47,7 +47,16 @@ def test_the_comparison_is_against_fp32_on_the_local_link():
     assert c["onebit_300ms_final_return_minus_fp32_0ms"] == -20.0
     # the untrained network scores -1200: 1-bit at 300 ms kept 980 of fp32's 1000 of gain
     assert c["onebit_300ms_gain_over_fp32_0ms_gain"] == 0.98 and c["untrained_return_median"] == -1200.0
-    assert c["gradient_bytes_fp32_over_onebit_0ms"] == 30.0 and c["gradient_bytes_fp32_over_onebit_300ms"] == 31.0
+    assert c["gradient_bytes_fp32_0ms_over_onebit_0ms"] == 30.0
+    assert c["gradient_bytes_fp32_300ms_over_onebit_300ms"] == 31.0
+
+
+def test_two_conditions_compare_too():
+    out = {"fp32_0ms": parity.condition_figures([run(4000.0, 50_000, grad_bytes=31_000)], 0.0),
+           "onebit_300ms": parity.condition_figures([run(3900.0, 60_000, grad_bytes=1_000)], 300.0)}
+    c = parity.compare(out)
+    assert c["onebit_300ms_final_return_over_fp32_0ms"] == 0.975
+    assert c["gradient_bytes_fp32_0ms_over_onebit_300ms"] == 31.0
 
 
 def test_an_unknown_condition_is_refused(capsys):
