@@ -21,7 +21,8 @@ weights. The seeds go round the conditions (seed 0 under all four, then seed 1, 
 change in the machine's load falls on every condition alike.
 
 Prints one JSON object (also ``DIR/parity.json``) with a key per condition holding
-``final_return_median``, ``final_returns`` (per seed), ``steps_to_threshold`` (median env
+``final_return_median``, ``final_returns`` (per seed), ``late_return_median`` and per seed
+(the mean of the evaluations in the last 10% of the env steps), ``steps_to_threshold`` (median env
 steps to the first greedy evaluation >= the threshold; null unless at least half the seeds
 got there) and per seed, ``wall_seconds`` (median) and per seed, ``gradient_bytes_per_step``
 (payload the server received per optimizer step: data + scales), ``gradient_bytes_total``,
@@ -98,6 +99,18 @@ def run_one(config: str, run_dir: Path, encoding: str, rtt_ms: float, seed: int,
     return summary
 
 
+def late_return(summary: dict, last_share: float = 0.1) -> float | None:
+    """Mean greedy return of a run's evaluations over the last ``last_share`` of its env
+    steps: steadier than the one final evaluation where an episode can fail (HalfCheetah's
+    flips)."""
+    evals = summary.get("evaluations") or []
+    if not evals:
+        return None
+    end = max(e[1] for e in evals)
+    late = [e[3] for e in evals if e[1] >= (1 - last_share) * end]
+    return statistics.mean(late)
+
+
 def condition_figures(runs: list[dict], rtt_ms: float) -> dict:
     finals = [r.get("final_eval_return") for r in runs]
     to_threshold = [r.get("steps_to_target") for r in runs]
@@ -106,11 +119,14 @@ def condition_figures(runs: list[dict], rtt_ms: float) -> dict:
     per_step = [b / r["param_version"] if b is not None and r.get("param_version") else None
                 for b, r in zip(total_bytes, runs)]
     untrained = [r["evaluations"][0][3] for r in runs if r.get("evaluations") and r["evaluations"][0][2] == 0]
+    late = [late_return(r) for r in runs]
     return {
         "rtt_ms": rtt_ms,
         "untrained_return_median": median_or_none(untrained),
         "final_return_median": median_or_none(finals),
         "final_returns": finals,
+        "late_return_median": median_or_none(late),
+        "late_returns": late,
         "steps_to_threshold": steps_to_threshold(to_threshold),
         "steps_to_threshold_per_seed": to_threshold,
         "wall_seconds": median_or_none(walls),
@@ -147,6 +163,10 @@ def compare(out: dict) -> dict:
             ratios[f"{name}_final_return_minus_fp32_0ms"] = round(final - base, 2)
             if untrained is not None and base != untrained:
                 ratios[f"{name}_gain_over_fp32_0ms_gain"] = round((final - untrained) / (base - untrained), 4)
+        late, late_base = figs["late_return_median"], out["fp32_0ms"]["late_return_median"]
+        if late is not None and late_base and untrained is not None and late_base != untrained:
+            ratios[f"{name}_late_return_over_fp32_0ms"] = round(late / late_base, 4)
+            ratios[f"{name}_late_gain_over_fp32_0ms_gain"] = round((late - untrained) / (late_base - untrained), 4)
     for fp32, onebit in (("fp32_0ms", "onebit_0ms"), ("fp32_300ms", "onebit_300ms"), ("fp32_0ms", "onebit_300ms")):
         if fp32 in out and onebit in out:
             f, o = out[fp32]["gradient_bytes_per_step"], out[onebit]["gradient_bytes_per_step"]

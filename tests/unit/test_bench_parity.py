@@ -63,3 +63,9 @@ def test_an_unknown_condition_is_refused(capsys):
     with pytest.raises(SystemExit):
         parity.main([str(ROOT / "configs/pendulum-td3.yaml"), "--steps", "10", "--conditions", "fp16_0ms"])
     assert "unknown condition 'fp16_0ms'" in capsys.readouterr().err
+
+
+def test_the_late_return_is_the_mean_over_the_last_tenth_of_the_steps():
+    summary = {"evaluations": [[0.0, 0, 0, -1.0], [5.0, 80_000, 9, 100.0], [6.0, 91_000, 10, 3000.0],
+                               [7.0, 100_000, 11, 4000.0]]}
+    assert parity.late_return(summary) == 3500.0 and parity.late_return({"evaluations": []}) is None
