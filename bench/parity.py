@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = {c: d for c, d in dirs.items() if d}
     if groups:
         plot_groups(groups, out_dir / "parity.png",
-                    title=f"{cfg.name}: {args.steps:,} env steps, {len(seeds)} seeds, slow link {args.rtt_ms:g} ms RTT")
+                    title=f"{cfg.name}: {args.steps:,} env steps, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}, "
+                          f"slow link {args.rtt_ms:g} ms RTT")
     print(json.dumps(result), flush=True)
     return 1 if any(result[c]["errors"] for c in conditions) else 0
 
