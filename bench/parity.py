@@ -88,7 +88,7 @@ def run_one(config: str, run_dir: Path, encoding: str, rtt_ms: float, seed: int,
         cmd += ["--set", s]
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "wanrun.log", "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
                             timeout=max_wall_s + 600).returncode
     try:
         summary = json.loads((run_dir / "summary.json").read_text())

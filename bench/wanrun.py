@@ -7,14 +7,14 @@ Starts what ``amprl run`` starts (embedded Redis, replay, parameter server, lear
 ``actor.num_actors`` actors, evaluator; each its own OS process) but puts a DelayRelay
 process between the learner and the parameter server: the learner dials the relay
 (127.0.0.1:0, ``rtt_ms / 2`` added to each direction; with ``--rtt-ms 0`` no relay, the
-learner dials the server); actors and the evaluator dial the server directly. With ``--paramserver`` no server is started: every service dials the given
-address (e.g. a relay into another network namespace: tests/integration/latency/).
+learner dials the server); actors and the evaluator dial the server directly. With
+``--paramserver`` no server is started: every service dials the given address (e.g. a relay into another network namespace: tests/integration/latency/).
 
 Stops at the target (``run.stop_at_target``), the step budget or ``run.max_wall_seconds``,
 as ``amprl run`` does: the evaluator decides (``amprl.common.runend``), the learner and the
 actors idle, the final weights are evaluated once more. Writes ``<run-dir>/summary.json`` (the fields of ``amprl run``'s summary plus
 ``rtt_ms``, ``versions_per_s``, the learner's ``stale_rejections`` and the server's
-``gradient_bytes_received`` and ``pushes_applied``) and prints it as one
+``gradient_bytes_received``) and prints it as one
 JSON line; progress lines go to stdout every ``--progress-interval`` seconds.
 """
 
@@ -133,10 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             "versions_per_s": round(progress.version / max(wall, 1e-6), 1),
             "updates_per_s": round(progress.updates / max(wall, 1e-6), 1),
             "stale_rejections": learner_info.stale_rejections if learner_info else None,
-            # the gradient payload the server received (data + scales: the bytes the encoding
-            # decides) and the optimizer steps it applied
+            # the gradient payload the server received (data + scales: the bytes the encoding decides)
             "gradient_bytes_received": ps_info.gradient_bytes_received if ps_info else None,
-            "pushes_applied": ps_info.pushes_applied if ps_info else None,
             "time_to_target_seconds": round(hit.unix_time - t0_unix, 2) if hit else None,
             "steps_to_target": hit.env_steps if hit else None,
             "evaluations": [[round(e.unix_time - t0_unix, 1), e.env_steps, e.param_version,
