@@ -2,6 +2,7 @@
 
     python bench/parity.py CONFIG --seeds 3 --steps N [--rtt-ms 300] [--threshold R]
                            [--conditions fp32_0ms,onebit_300ms] [--out DIR] [--reuse]
+                           [--first-seed K] [--combine EARLIER_PARITY_JSON ...]
                            [--set key=value ...]
 
 Runs, one after another, the system of ``bench/wanrun.py`` (every service its own process,
@@ -31,6 +32,10 @@ return over (and minus) fp32_0ms's, the share of fp32_0ms's gain over the untrai
 it kept (``*_gain_over_fp32_0ms_gain``: a ratio that also reads right for negative
 returns), and fp32's gradient bytes per step over 1-bit's. ``DIR/parity.png``:
 greedy return against env steps and wall time, the mean and spread over seeds per condition.
+Each condition also keeps its per-seed lists (``seeds``, ``updates_per_s_per_seed``,
+``untrained_returns``, ``evaluations_per_seed``, ...), so the JSON alone redoes the figures:
+``--combine`` adds an earlier parity.json's seeds to this invocation's (a comparison run in
+parts, e.g. ``--first-seed 2 --seeds 1`` after seeds 0-1; ``--seeds 0`` only combines).
 The run folders stay in ``DIR/runs/<condition>-seed<k>/``; ``--reuse`` takes the runs already
 there instead of running them again.
 """
@@ -46,8 +51,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from amprl.config import load_config
-from amprl.launch.plot import plot_groups
+from amprl.launch.plot import Curve, plot_groups
 
 HERE = Path(__file__).resolve().parent
 
@@ -111,35 +118,97 @@ def late_return(summary: dict, last_share: float = 0.1) -> float | None:
     return statistics.mean(late)
 
 
-def condition_figures(runs: list[dict], rtt_ms: float) -> dict:
-    finals = [r.get("final_eval_return") for r in runs]
-    to_threshold = [r.get("steps_to_target") for r in runs]
-    walls = [r.get("wall_seconds") for r in runs]
-    total_bytes = [r.get("gradient_bytes_received") for r in runs]
-    per_step = [b / r["param_version"] if b is not None and r.get("param_version") else None
-                for b, r in zip(total_bytes, runs)]
-    untrained = [r["evaluations"][0][3] for r in runs if r.get("evaluations") and r["evaluations"][0][2] == 0]
-    late = [late_return(r) for r in runs]
+def record(summary: dict, seed: int) -> dict:
+    """What parity.json keeps of one run (a wanrun.py summary): its per-seed figures and
+    evaluations ``[seconds, env steps, version, return]``."""
+    evals = summary.get("evaluations") or []
+    return {
+        "seed": seed,
+        "final": summary.get("final_eval_return"),
+        "late": late_return(summary),
+        "to_threshold": summary.get("steps_to_target"),
+        "wall": summary.get("wall_seconds"),
+        "grad_bytes": summary.get("gradient_bytes_received"),
+        "optimizer_steps": summary.get("param_version"),
+        "stale_rejections": summary.get("stale_rejections"),
+        "updates_per_s": summary.get("updates_per_s"),
+        "env_steps": summary.get("env_steps"),
+        "untrained": evals[0][3] if evals and evals[0][2] == 0 else None,
+        "evaluations": evals or None,
+        "error": summary.get("error"),
+    }
+
+
+PER_SEED = {
+    "seeds": "seed", "final_returns": "final", "late_returns": "late",
+    "steps_to_threshold_per_seed": "to_threshold", "wall_seconds_per_seed": "wall",
+    "gradient_bytes_total_per_seed": "grad_bytes", "optimizer_steps_per_seed": "optimizer_steps",
+    "stale_rejections": "stale_rejections", "updates_per_s_per_seed": "updates_per_s",
+    "env_steps_per_seed": "env_steps", "untrained_returns": "untrained",
+    "evaluations_per_seed": "evaluations", "errors_per_seed": "error",
+}
+"""parity.json's per-seed lists of a condition -> the record key each lists."""
+
+
+def figures(records: list[dict], rtt_ms: float) -> dict:
+    """A condition's figures: the medians over its seeds and the per-seed lists."""
+    records = sorted(records, key=lambda r: r["seed"])
+    per_step = [r["grad_bytes"] / r["optimizer_steps"] if r["grad_bytes"] is not None and r["optimizer_steps"]
+                else None for r in records]
+    col = {key: [r[field] for r in records] for key, field in PER_SEED.items()}
     return {
         "rtt_ms": rtt_ms,
-        "untrained_return_median": median_or_none(untrained),
-        "final_return_median": median_or_none(finals),
-        "final_returns": finals,
-        "late_return_median": median_or_none(late),
-        "late_returns": late,
-        "steps_to_threshold": steps_to_threshold(to_threshold),
-        "steps_to_threshold_per_seed": to_threshold,
-        "wall_seconds": median_or_none(walls),
-        "wall_seconds_per_seed": walls,
+        "untrained_return_median": median_or_none(col["untrained_returns"]),
+        "final_return_median": median_or_none(col["final_returns"]),
+        "late_return_median": median_or_none(col["late_returns"]),
+        "steps_to_threshold": steps_to_threshold(col["steps_to_threshold_per_seed"]),
+        "wall_seconds": median_or_none(col["wall_seconds_per_seed"]),
         "gradient_bytes_per_step": median_or_none(per_step),
-        "gradient_bytes_total": median_or_none(total_bytes),
-        "gradient_bytes_total_per_seed": total_bytes,
-        "optimizer_steps_per_seed": [r.get("param_version") for r in runs],
-        "stale_rejections": [r.get("stale_rejections") for r in runs],
-        "updates_per_s": median_or_none([r.get("updates_per_s") for r in runs]),
-        "env_steps_per_seed": [r.get("env_steps") for r in runs],
-        "errors": [r.get("error") for r in runs if r.get("error")],
+        "gradient_bytes_total": median_or_none(col["gradient_bytes_total_per_seed"]),
+        "updates_per_s": median_or_none(col["updates_per_s_per_seed"]),
+        **col,
+        "errors": [e for e in col["errors_per_seed"] if e],
     }
+
+
+def condition_figures(runs: list[dict], rtt_ms: float, seeds: list[int] | None = None) -> dict:
+    """The figures of a condition's runs (wanrun.py summaries, one per seed)."""
+    seeds = list(range(len(runs))) if seeds is None else seeds
+    return figures([record(r, s) for r, s in zip(runs, seeds)], rtt_ms)
+
+
+def records_of(figs: dict, file_seeds: list[int]) -> list[dict]:
+    """A condition's records back from its figures in an earlier parity.json. A file written
+    before the per-seed lists below were kept gives: its seeds from ``meta.seeds``,
+    updates/s per seed as optimizer steps over wall seconds (wanrun.py's own updates/s
+    differs from it by the few updates after the server's last version), the untrained
+    network's return as the file's median for every seed, and no evaluations (no curve)."""
+    n = len(figs["final_returns"])
+    cols = {key: figs.get(key) for key in PER_SEED}
+    if cols["seeds"] is None:
+        cols["seeds"] = file_seeds
+    if cols["late_returns"] is None:
+        cols["late_returns"] = [None] * n
+    if cols["updates_per_s_per_seed"] is None:
+        cols["updates_per_s_per_seed"] = [
+            round(s / w, 1) if s and w else None
+            for s, w in zip(figs["optimizer_steps_per_seed"], figs["wall_seconds_per_seed"])]
+    if cols["untrained_returns"] is None:
+        cols["untrained_returns"] = [figs.get("untrained_return_median")] * n
+    if cols["evaluations_per_seed"] is None:
+        cols["evaluations_per_seed"] = [None] * n
+    if cols["errors_per_seed"] is None:
+        if figs.get("errors"):
+            raise ValueError("it holds failed runs and does not say which seeds failed: run them again")
+        cols["errors_per_seed"] = [None] * n
+    if any(len(v) != n for v in cols.values()):
+        raise ValueError(f"its per-seed lists are of unequal length ({n} final returns)")
+    return [{field: cols[key][i] for key, field in PER_SEED.items()} for i in range(n)]
+
+
+def curve(label: str, evaluations: list) -> Curve:
+    e = np.array(evaluations, dtype=float)
+    return Curve(label, e[:, 1], e[:, 0], e[:, 3], np.zeros(len(e)), None)
 
 
 def compare(out: dict) -> dict:
@@ -192,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true",
                    help="a run whose folder already holds a summary.json is not run again (resumes an "
                         "interrupted comparison; with every run there, redoes the figures)")
+    p.add_argument("--combine", type=Path, action="append", default=[], metavar="PARITY_JSON",
+                   help="an earlier parity.json of the same config, steps, threshold and link whose "
+                        "seeds join this invocation's (repeatable; a seed may be in one place only)")
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     threshold = cfg.run.target_return if args.threshold is None else args.threshold
@@ -199,10 +271,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
         p.error(f"unknown condition {unknown[0]!r}: one of {', '.join(CONDITIONS)}")
+    try:
+        earlier = combined(args.combine, cfg.name, args.steps, threshold, args.rtt_ms, args.overrides)
+    except ValueError as exc:
+        p.error(str(exc))
     out_dir = args.out or HERE / "results" / f"parity-{cfg.name}"
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    runs: dict[str, list[dict]] = {c: [] for c in conditions}
-    dirs: dict[str, list[Path]] = {c: [] for c in conditions}
+    records: dict[str, list[dict]] = {c: list(earlier.get(c, [])) for c in CONDITIONS}
+    for cond in conditions:
+        clash = sorted({r["seed"] for r in records[cond]} & set(seeds))
+        if clash:
+            p.error(f"{cond} seed {clash[0]} is in a --combine file already: leave it out of --first-seed/--seeds")
     t0 = time.monotonic()
     for seed in seeds:
         for cond in conditions:
@@ -215,31 +294,66 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 summary = run_one(args.config, run_dir, encoding, rtt, seed, args.steps, threshold,
                                   args.overrides, args.max_wall_seconds)
-            runs[cond].append(summary)
-            if (run_dir / "eval.jsonl").exists():
-                dirs[cond].append(run_dir)
+            records[cond].append(record(summary, seed))
             print(f"[{time.monotonic() - t0:7.0f}s] {cond} seed {seed}: final {summary.get('final_eval_return')}, "
                   f"steps to {threshold:g} {summary.get('steps_to_target')}, wall {summary.get('wall_seconds')} s"
                   + (f", error {summary['error'].splitlines()[0]}" if summary.get("error") else ""),
                   file=sys.stderr, flush=True)
-    result: dict = {c: condition_figures(runs[c], args.rtt_ms if CONDITIONS[c][1] else 0.0) for c in conditions}
+    present = [c for c in CONDITIONS if records[c]]
+    result: dict = {c: figures(records[c], args.rtt_ms if CONDITIONS[c][1] else 0.0) for c in present}
     if "fp32_0ms" in result:
-        result["comparison"] = compare({c: result[c] for c in conditions})
+        result["comparison"] = compare({c: result[c] for c in present})
+    all_seeds = sorted({r["seed"] for c in present for r in records[c]})
     result["meta"] = {
         "config": args.config, "name": cfg.name, "env_id": cfg.env.id, "algo": cfg.algo,
-        "seeds": seeds, "steps": args.steps, "threshold": threshold, "rtt_ms": args.rtt_ms,
+        "seeds": all_seeds, "steps": args.steps, "threshold": threshold, "rtt_ms": args.rtt_ms,
         "overrides": args.overrides, "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),
         "command": "python bench/parity.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "combined": [{"file": str(f), **{k: json.loads(f.read_text())["meta"].get(k) for k in ("command", "date", "seeds")}}
+                     for f in args.combine],
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "parity.json").write_text(json.dumps(result, indent=2) + "\n")
-    groups = {c: d for c, d in dirs.items() if d}
-    if groups:
+    groups = {c: [curve(f"{c} seed {r['seed']}", r["evaluations"]) for r in records[c] if r["evaluations"]]
+              for c in present}
+    drawn, runs = sum(map(len, groups.values())), sum(len(records[c]) for c in present)
+    if drawn:
         plot_groups(groups, out_dir / "parity.png",
-                    title=f"{cfg.name}: {args.steps:,} env steps, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}, "
-                          f"slow link {args.rtt_ms:g} ms RTT")
+                    title=f"{cfg.name}: {args.steps:,} env steps, seeds {', '.join(map(str, all_seeds))}, "
+                          f"slow link {args.rtt_ms:g} ms RTT"
+                          + (f" (curves of {drawn} of {runs} runs)" if drawn < runs else ""))
     print(json.dumps(result), flush=True)
-    return 1 if any(result[c]["errors"] for c in conditions) else 0
+    return 1 if any(result[c]["errors"] for c in present) else 0
+
+
+def combined(files: list[Path], name: str, steps: int, threshold: float, rtt_ms: float,
+             overrides: list[str]) -> dict[str, list[dict]]:
+    """The records of earlier parity.json files, by condition; ValueError if a file is of
+    another comparison or two hold the same seed of a condition."""
+    out: dict[str, list[dict]] = {}
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+            meta = data["meta"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"--combine {f}: not a parity.json ({exc})") from None
+        want = {"name": name, "steps": steps, "threshold": threshold, "rtt_ms": rtt_ms, "overrides": overrides}
+        for key, value in want.items():
+            if meta.get(key) != value:
+                raise ValueError(f"--combine {f}: its {key} is {meta.get(key)!r}, this comparison's {value!r}")
+        for cond in CONDITIONS:
+            if cond not in data:
+                continue
+            try:
+                recs = records_of(data[cond], meta["seeds"])
+            except ValueError as exc:
+                raise ValueError(f"--combine {f}: {cond}: {exc}") from None
+            have = {r["seed"] for r in out.get(cond, [])}
+            for r in recs:
+                if r["seed"] in have:
+                    raise ValueError(f"--combine {f}: {cond} seed {r['seed']} is in an earlier file too")
+            out.setdefault(cond, []).extend(recs)
+    return out
 
 
 if __name__ == "__main__":

@@ -136,12 +136,13 @@ def plot_runs(run_dirs: list[Path], out: Path, title: str = "") -> Path:
     return _save(fig, panels, curves, title or (curves[0].name if not many else f"{len(curves)} runs"), out)
 
 
-def plot_groups(groups: dict[str, list[Path]], out: Path, title: str = "") -> Path:
-    """Writes the two-panel figure of several experiments (``{label: its runs' folders}``,
-    e.g. the seeds of each condition of ``bench/parity.py``) to ``out``: one color per
-    experiment, its runs thin, their mean bold and the spread across its runs (± std)
-    shaded; returns ``out``."""
-    curves = {label: [read_curve(Path(d)) for d in dirs] for label, dirs in groups.items() if dirs}
+def plot_groups(groups: dict[str, list[Path | Curve]], out: Path, title: str = "") -> Path:
+    """Writes the two-panel figure of several experiments (``{label: its runs}``, each run a
+    folder or a Curve already read, e.g. the seeds of each condition of
+    ``bench/parity.py``) to ``out``: one color per experiment, its runs thin, their mean bold
+    and the spread across its runs (± std) shaded; returns ``out``."""
+    curves = {label: [r if isinstance(r, Curve) else read_curve(Path(r)) for r in runs]
+              for label, runs in groups.items() if runs}
     fig, panels = _two_panels()
     for ax, (key, _) in zip(panels, AXES):
         for i, (label, runs) in enumerate(curves.items()):
