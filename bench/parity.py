@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown condition {unknown[0]!r}: one of {', '.join(CONDITIONS)}")
     try:
-        earlier = combined(args.combine, cfg.name, args.steps, threshold, args.rtt_ms, args.overrides)
+        earlier, earlier_meta = combined(args.combine, cfg.name, args.steps, threshold, args.rtt_ms,
+                                         args.overrides)
     except ValueError as exc:
         p.error(str(exc))
     out_dir = args.out or HERE / "results" / f"parity-{cfg.name}"
@@ -309,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": all_seeds, "steps": args.steps, "threshold": threshold, "rtt_ms": args.rtt_ms,
         "overrides": args.overrides, "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),
         "command": "python bench/parity.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "combined": [{"file": str(f), **{k: json.loads(f.read_text())["meta"].get(k) for k in ("command", "date", "seeds")}}
-                     for f in args.combine],
+        "combined": [{"file": str(f), **{k: m.get(k) for k in ("command", "date", "seeds")}}
+                     for f, m in zip(args.combine, earlier_meta)],
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "parity.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -327,16 +328,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def combined(files: list[Path], name: str, steps: int, threshold: float, rtt_ms: float,
-             overrides: list[str]) -> dict[str, list[dict]]:
-    """The records of earlier parity.json files, by condition; ValueError if a file is of
-    another comparison or two hold the same seed of a condition."""
+             overrides: list[str]) -> tuple[dict[str, list[dict]], list[dict]]:
+    """The records of earlier parity.json files, by condition, and each file's meta;
+    ValueError if a file is of another comparison or two hold the same seed of a condition."""
     out: dict[str, list[dict]] = {}
+    metas = []
     for f in files:
         try:
             data = json.loads(f.read_text())
             meta = data["meta"]
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"--combine {f}: not a parity.json ({exc})") from None
+        metas.append(meta)
         want = {"name": name, "steps": steps, "threshold": threshold, "rtt_ms": rtt_ms, "overrides": overrides}
         for key, value in want.items():
             if meta.get(key) != value:
@@ -353,7 +356,7 @@ def combined(files: list[Path], name: str, steps: int, threshold: float, rtt_ms:
                 if r["seed"] in have:
                     raise ValueError(f"--combine {f}: {cond} seed {r['seed']} is in an earlier file too")
             out.setdefault(cond, []).extend(recs)
-    return out
+    return out, metas
 
 
 if __name__ == "__main__":

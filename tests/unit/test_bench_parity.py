@@ -91,7 +91,8 @@ def earlier_file(tmp_path, name="a.json", **meta):
 
 
 def test_an_earlier_files_seeds_join_and_the_medians_are_taken_again(tmp_path):
-    old = parity.combined([earlier_file(tmp_path)], "pendulum-td3-wan", 1000, 3000.0, 300.0, [])
+    old, metas = parity.combined([earlier_file(tmp_path)], "pendulum-td3-wan", 1000, 3000.0, 300.0, [])
+    assert metas[0]["seeds"] == [0, 1]
     recs = old["fp32_0ms"]
     assert [r["seed"] for r in recs] == [0, 1] and [r["final"] for r in recs] == [3000.0, 4600.0]
     assert [r["updates_per_s"] for r in recs] == [0.1, 0.2]  # optimizer steps over wall seconds
