@@ -165,8 +165,10 @@ class Evaluator:
     def _evaluate(self) -> telemetry_pb2.Evaluation:
         """Evaluates the weights held and records the evaluation."""
         # the policy's moment: its version, the env steps and the wall time are all taken
-        # when its weights were pulled, not after its episodes ran
-        wall, unix = self.wall_seconds, time.time()
+        # when its weights were pulled, not after its episodes ran. The wall time is rounded
+        # once, as the history records it, so a restarted evaluator's clock goes on from
+        # exactly the value held here, never from just below it
+        wall, unix = round(self.wall_seconds, 3), time.time()
         env_steps = self._replay_figures()[0] or 0
         seeds = [self._seed_base + 1000 * self._round + i for i in range(len(self.envs))]
         self._round += 1
@@ -183,7 +185,7 @@ class Evaluator:
                 f.write(json.dumps({
                     "param_version": ev.param_version, "mean_return": ev.mean_return,
                     "std_return": ev.std_return, "episodes": ev.episodes, "env_steps": ev.env_steps,
-                    "wall_seconds": round(ev.wall_seconds, 3), "unix_time": ev.unix_time}) + "\n")
+                    "wall_seconds": ev.wall_seconds, "unix_time": ev.unix_time}) + "\n")
         log.info("eval v%d: %.1f ± %.1f over %d episodes (env steps %d)", ev.param_version,
                  ev.mean_return, ev.std_return, ev.episodes, ev.env_steps)
         if self.best_dir is not None and (self.best is None or ev.mean_return > self.best.mean_return):
@@ -205,7 +207,7 @@ class Evaluator:
             dump_config(self.cfg, self.best_dir / "config.yaml")
         record = {"param_version": ev.param_version, "mean_return": ev.mean_return,
                   "std_return": ev.std_return, "episodes": ev.episodes, "env_steps": ev.env_steps,
-                  "wall_seconds": round(ev.wall_seconds, 3), "unix_time": ev.unix_time,
+                  "wall_seconds": ev.wall_seconds, "unix_time": ev.unix_time,
                   "weights": name, "config": "config.yaml"}
         tmp = self.best_dir / ".best.json.tmp"
         tmp.write_text(json.dumps(record, indent=1) + "\n")
