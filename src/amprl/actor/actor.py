@@ -109,11 +109,17 @@ class Actor:
         self._synced = True
 
     def _pull_loop(self) -> None:
+        """Pulls when the env loop asks (every actor.weight_refresh_steps) and at least every
+        actor.weight_refresh_s, also while the env loop waits on replay."""
         backoff = Backoff()
+        every = self.cfg.actor.weight_refresh_s
+        due = time.monotonic() + every
         while not self._stop.is_set():
-            if not self._want_pull.wait(timeout=0.5):
+            if (not self._want_pull.wait(timeout=min(0.5, max(0.0, due - time.monotonic())))
+                    and time.monotonic() < due):
                 continue
             self._want_pull.clear()
+            due = time.monotonic() + every
             try:
                 have, have_incarnation = ((self._pending[0], self._pending[1]) if self._pending
                                           else (self.version, self.incarnation))

@@ -268,8 +268,12 @@ class ActorConfig:
     most this many of the actor's env steps old. A deep pipeline here (3,000 transitions
     per actor) kept CartPole DQN from settling: the learner trained on data from a policy
     ~20 s older than its own."""
-    weight_refresh_steps: int = 400
-    """Env steps between weight pulls (a watch notification also triggers one)."""
+    weight_refresh_steps: Annotated[int, Bound(ge=1)] = 400
+    """Env steps between weight pulls."""
+    weight_refresh_s: Annotated[float, Bound(gt=0)] = 10.0
+    """Seconds between weight pulls at most, however few steps were taken: an actor that
+    replay's rate limiter holds back steps slowly, and would otherwise act on weights that
+    grow ever more updates old (and drop out of the parameter server's live actors)."""
 
 
 @dataclass

@@ -22,11 +22,13 @@ class StubParameterServer:
     def __init__(self, weights: dict, version: int = 0, incarnation: int = 11):
         self.weights, self.version, self.pulls_with_weights = weights, version, 0
         self.incarnation = incarnation
+        self.pulls = 0
 
     def info(self, timeout=None):
         return types.SimpleNamespace(version=self.version)
 
     def pull_versioned(self, have_version=0, have_incarnation=0, *, encoding="fp32", timeout=None):
+        self.pulls += 1
         # the server's rule: have_version 0 = "none"; another incarnation's number is moot
         if (have_version == self.version and self.version != 0
                 and have_incarnation in (0, self.incarnation)):
@@ -35,8 +37,9 @@ class StubParameterServer:
         return Pulled(self.version, self.incarnation, {k: v.clone() for k, v in self.weights.items()})
 
 
-def make_actor(ps):
-    cfg = load_config(overrides=["algo=dqn", "env.id=CartPole-v1", "actor.envs_per_actor=2"])
+def make_actor(ps, *overrides):
+    cfg = load_config(overrides=["algo=dqn", "env.id=CartPole-v1", "actor.envs_per_actor=2",
+                                 *overrides])
     return Actor(cfg, env_spec(cfg.env), "actor-w", replay=None, paramserver=ps)
 
 
@@ -105,5 +108,25 @@ def test_a_restarted_parameter_server_with_lower_versions_is_adopted_at_once():
         # and the same number of the new life is not pulled again
         request_pull_and_wait(actor)
         assert ps.pulls_with_weights == 2
+    finally:
+        actor.stop()
+
+
+def test_an_actor_that_takes_no_steps_still_pulls_every_weight_refresh_s():
+    """A fleet held back by replay's rate limiter steps slowly: its weights must not age
+    with its steps."""
+    ps = StubParameterServer(served_weights(), version=5)
+    actor = make_actor(ps, "actor.weight_refresh_s=0.3", "actor.weight_refresh_steps=1000000")
+    actor.start()  # the env loop never runs
+    try:
+        assert actor.version == 5 and ps.pulls == 1
+        ps.version = 6
+        deadline = time.monotonic() + 5
+        while ps.pulls_with_weights < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        actor._swap_weights()
+        assert actor.version == 6
+        time.sleep(1.0)
+        assert 3 <= ps.pulls <= 8, ps.pulls  # about one per 0.3 s, not a busy loop
     finally:
         actor.stop()
