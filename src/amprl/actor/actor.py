@@ -115,8 +115,9 @@ class Actor:
         every = self.cfg.actor.weight_refresh_s
         due = time.monotonic() + every
         while not self._stop.is_set():
-            if (not self._want_pull.wait(timeout=min(0.5, max(0.0, due - time.monotonic())))
-                    and time.monotonic() < due):
+            # wake at least every 0.5 s to see _stop
+            asked = self._want_pull.wait(timeout=min(0.5, max(0.0, due - time.monotonic())))
+            if not asked and time.monotonic() < due:
                 continue
             self._want_pull.clear()
             due = time.monotonic() + every
